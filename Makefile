@@ -1,0 +1,35 @@
+# Each target sets itself up: a virtualenv in .venv with torch (CPU build first, so pip never
+# pulls a multi-GB CUDA wheel) and panm_hf with its test and example extras.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+TORCH_VERSION ?= 2.13.0
+
+.PHONY: setup test test-slow lint demo quickstart clean
+
+$(VENV)/.installed: setup.cfg pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==$(TORCH_VERSION)
+	$(PY) -m pip install -q -e ".[test,examples]"
+	touch $@
+
+setup: $(VENV)/.installed
+
+test: setup  ## the test suite (fast tests; CI runs this)
+	$(PY) -m pytest
+
+test-slow: setup  ## also the slow tests (real checkpoints, full example runs)
+	$(PY) -m pytest -m "slow or not slow"
+
+lint: setup
+	$(PY) -m ruff check panm_hf tests examples
+
+demo: setup  ## the main job (until the length-generalisation demo lands: the quickstart)
+	$(PY) examples/quickstart.py
+
+quickstart: setup
+	$(PY) examples/quickstart.py
+
+clean:
+	rm -rf $(VENV) outputs .pytest_cache

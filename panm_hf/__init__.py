@@ -1,0 +1,36 @@
+"""panm_hf: Pointer-Augmented Neural Memory for HuggingFace Transformers.
+
+Importing the package registers `PanmConfig` with `AutoConfig` and the PANM models
+with their Auto classes.
+"""
+
+from transformers import AutoConfig, AutoModelForSeq2SeqLM
+
+from .addressing import binary_codes, build_address_bank, sample_base_address
+from .cache_panm import PanmCache
+from .configuration_panm import PanmConfig
+from .memory import PanmMemory, PanmMemoryOutput
+from .modeling_panm import PanmForSeq2SeqLM, PanmPreTrainedModel, PanmSeq2SeqLMOutput
+from .state import AddressedMemory, PanmState
+
+__version__ = "0.1.0"
+
+AutoConfig.register("panm", PanmConfig, exist_ok=True)
+AutoModelForSeq2SeqLM.register(PanmConfig, PanmForSeq2SeqLM, exist_ok=True)
+PanmConfig.register_for_auto_class()
+PanmForSeq2SeqLM.register_for_auto_class("AutoModelForSeq2SeqLM")
+
+__all__ = [
+    "AddressedMemory",
+    "PanmCache",
+    "PanmConfig",
+    "PanmForSeq2SeqLM",
+    "PanmMemory",
+    "PanmMemoryOutput",
+    "PanmPreTrainedModel",
+    "PanmSeq2SeqLMOutput",
+    "PanmState",
+    "binary_codes",
+    "build_address_bank",
+    "sample_base_address",
+]

@@ -1,0 +1,59 @@
+"""Physical addresses (paper, Sec. 2.2 and Algorithm 1).
+
+Every memory slot ``j`` of a sample is bound to the ``b``-bit binary code of
+``(p_B + j) mod 2^b``, where ``p_B`` is the sample's *base address*. In training
+``p_B`` is drawn uniformly from ``[0, 2^b)`` per sample so that every address is
+eventually seen; at evaluation it is 0. Pure functions, batch-first, no loops.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def binary_codes(addresses: torch.Tensor, bits: int) -> torch.Tensor:
+    """Binary code of integer addresses, most significant bit first.
+
+    Args:
+        addresses: integer tensor of any shape `(...)`.
+        bits: number of bits `b`.
+
+    Returns:
+        float tensor `(..., bits)` of zeros and ones.
+    """
+    shifts = torch.arange(bits - 1, -1, -1, device=addresses.device)  # (bits,)
+    return ((addresses.unsqueeze(-1) >> shifts) & 1).float()  # (..., bits)
+
+
+def sample_base_address(
+    batch_size: int,
+    bits: int,
+    *,
+    generator: torch.Generator | None = None,
+    device: torch.device | str | None = None,
+) -> torch.Tensor:
+    """Draw one base address `p_B ~ Uniform{0, ..., 2^b - 1}` per sample: `(batch,)` long."""
+    gen_device = generator.device if generator is not None else device
+    base = torch.randint(0, 2**bits, (batch_size,), generator=generator, device=gen_device)
+    return base.to(device) if device is not None else base
+
+
+def slot_addresses(base_address: torch.Tensor, num_slots: int, bits: int) -> torch.Tensor:
+    """Integer address `(p_B + j) mod 2^b` of every slot: `(batch,)` -> `(batch, slots)` long."""
+    offsets = torch.arange(num_slots, device=base_address.device)  # (slots,)
+    return (base_address.unsqueeze(-1) + offsets) % (2**bits)  # (batch, slots)
+
+
+def build_address_bank(base_address: torch.Tensor, num_slots: int, bits: int) -> torch.Tensor:
+    """The address bank `A`: binary codes of every slot's address.
+
+    Args:
+        base_address: `(batch,)` integer base addresses `p_B`.
+        num_slots: memory length `L` (padded length of the batch).
+        bits: number of address bits `b`.
+
+    Returns:
+        `(batch, slots, bits)` float tensor; row `j` of sample `i` encodes
+        `(base_address[i] + j) mod 2^bits`.
+    """
+    return binary_codes(slot_addresses(base_address, num_slots, bits), bits)

@@ -1,0 +1,63 @@
+"""Attention scoring shared by the Pointer Units (address attention) and Mode-2 reads.
+
+Two scorings are offered (``PanmConfig.scoring``):
+
+* ``"dot"``: scaled dot product ``q.k / sqrt(d)``, as in the authors' code.
+* ``"cosine"``: cosine similarity times a learnable inverse temperature, the
+  paper's Eqs. (2) and (5). Plain cosine lives in [-1, 1], so a softmax over a
+  few dozen slots can never be sharp; the temperature starts at
+  ``cosine_inverse_temperature`` (15 by default) and is learned.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+SCORINGS = ("dot", "cosine")
+
+
+def masked_softmax(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Softmax over the last axis that gives padded slots exactly zero weight.
+
+    A row with no valid slot (an all-padding sample) gets all-zero weights rather
+    than NaN, so its reads are zero vectors.
+
+    Args:
+        scores: `(..., slots)` raw scores.
+        mask: boolean `(..., slots)` (broadcastable), True for real slots.
+    """
+    scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+    return torch.softmax(scores, dim=-1) * mask
+
+
+class AttentionScorer(nn.Module):
+    """Scores queries against keys with the configured scoring function."""
+
+    def __init__(self, *, scoring: str, dim: int, cosine_inverse_temperature: float = 15.0):
+        super().__init__()
+        if scoring not in SCORINGS:
+            raise ValueError(f"scoring={scoring!r} is not supported; choose one of {SCORINGS}.")
+        self.scoring = scoring
+        self.dim = dim
+        self.cosine_inverse_temperature_init = cosine_inverse_temperature
+        if scoring == "cosine":
+            self.inverse_temperature = nn.Parameter(torch.tensor(float(cosine_inverse_temperature)))
+
+    def reset_parameters(self) -> None:
+        if self.scoring == "cosine":
+            with torch.no_grad():
+                self.inverse_temperature.fill_(self.cosine_inverse_temperature_init)
+
+    def prepare_keys(self, keys: torch.Tensor) -> torch.Tensor:
+        """Normalise keys once so repeated scoring against them is one matmul."""
+        if self.scoring == "cosine":
+            return nn.functional.normalize(keys, dim=-1)
+        return keys / math.sqrt(self.dim)
+
+    def prepare_queries(self, queries: torch.Tensor) -> torch.Tensor:
+        if self.scoring == "cosine":
+            return nn.functional.normalize(queries, dim=-1) * self.inverse_temperature
+        return queries

@@ -1,0 +1,107 @@
+"""Where each supported backbone keeps its parts: data, not ``if`` chains.
+
+Every entry names, as attribute paths from the backbone's ``...ForConditionalGeneration``
+(or ``EncoderDecoderModel``) instance, the encoder, the decoder stack, the decoder's
+layer list, the LM head and optional extras. Adding a backbone is adding a row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from operator import attrgetter
+from typing import Any
+
+
+def _t5_output_scale(config: Any) -> float:
+    # T5 rescales the decoder output before a tied LM head (modeling_t5: scale_decoder_outputs).
+    scale = getattr(config, "scale_decoder_outputs", getattr(config, "tie_word_embeddings", False))
+    return config.d_model**-0.5 if scale else 1.0
+
+
+@dataclass(frozen=True)
+class Seq2SeqBackboneParts:
+    """Attribute paths of one seq2seq backbone family.
+
+    Attributes:
+        encoder: the encoder stack.
+        decoder: the decoder stack (called with `encoder_hidden_states`).
+        decoder_layers: the decoder's `nn.ModuleList` of layers (`placement="replace"` drops the last).
+        lm_head: the module mapping decoder states to vocabulary logits.
+        final_logits_bias: buffer added to the logits, if the family has one.
+        memory_dim: config attribute (dotted) with the encoder output size.
+        decoder_dim: config attribute (dotted) with the decoder state size.
+        encoder_to_decoder: projection applied to encoder outputs before cross-attention, if any.
+        output_scale: factor applied to decoder states before the LM head, from the config.
+    """
+
+    encoder: str
+    decoder: str
+    decoder_layers: str
+    lm_head: str
+    final_logits_bias: str | None = None
+    memory_dim: str = "d_model"
+    decoder_dim: str = "d_model"
+    encoder_to_decoder: str | None = None
+    output_scale: Callable[[Any], float] | None = None
+
+
+_BART_LIKE = Seq2SeqBackboneParts(
+    encoder="model.encoder",
+    decoder="model.decoder",
+    decoder_layers="model.decoder.layers",
+    lm_head="lm_head",
+    final_logits_bias="final_logits_bias",
+)
+_T5_LIKE = Seq2SeqBackboneParts(
+    encoder="encoder",
+    decoder="decoder",
+    decoder_layers="decoder.block",
+    lm_head="lm_head",
+    output_scale=_t5_output_scale,
+)
+
+SEQ2SEQ_BACKBONES: dict[str, Seq2SeqBackboneParts] = {
+    "bart": _BART_LIKE,
+    "mbart": _BART_LIKE,
+    "marian": _BART_LIKE,
+    "pegasus": _BART_LIKE,
+    "t5": _T5_LIKE,
+    "mt5": _T5_LIKE,
+    "encoder-decoder": Seq2SeqBackboneParts(
+        encoder="encoder",
+        decoder="decoder.bert",
+        decoder_layers="decoder.bert.encoder.layer",
+        lm_head="decoder.cls",
+        memory_dim="encoder.hidden_size",
+        decoder_dim="decoder.hidden_size",
+        encoder_to_decoder="enc_to_dec_proj",
+    ),
+}
+
+
+def seq2seq_parts(config: Any) -> Seq2SeqBackboneParts:
+    """The table row for a backbone config; ValueError naming `text_config` if unsupported."""
+    model_type = getattr(config, "model_type", None)
+    if not getattr(config, "is_encoder_decoder", False):
+        raise ValueError(
+            f"text_config must be an encoder-decoder backbone for PanmForSeq2SeqLM; got "
+            f"model_type={model_type!r}. Supported: {sorted(SEQ2SEQ_BACKBONES)} (for an encoder such as BERT "
+            "use BertWithPanmForQuestionAnswering)."
+        )
+    if model_type not in SEQ2SEQ_BACKBONES:
+        raise ValueError(
+            f"text_config.model_type={model_type!r} is not supported yet; supported seq2seq backbones: "
+            f"{sorted(SEQ2SEQ_BACKBONES)}. Add a row to panm_hf.backbones.SEQ2SEQ_BACKBONES."
+        )
+    return SEQ2SEQ_BACKBONES[model_type]
+
+
+def get_path(root: Any, path: str | None) -> Any:
+    """Follow a dotted attribute path; None for a None path or a missing attribute."""
+    if path is None:
+        return None
+    try:
+        return attrgetter(path)(root)
+    except AttributeError:
+        return None

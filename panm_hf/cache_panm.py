@@ -1,0 +1,90 @@
+"""PanmCache: the backbone's KV cache plus PANM's recurrent state, reordered together.
+
+``generate()`` reorders only the cache object during beam search, so the PANM
+state must live inside it: state kept anywhere else is silently left in the old
+beam order (greedy still looks right).
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
+
+from .state import AddressedMemory, PanmState
+
+
+def _is_empty_dynamic(cache: EncoderDecoderCache) -> bool:
+    """True for an EncoderDecoderCache of two plain DynamicCaches that hold no tokens yet."""
+    parts = (cache.self_attention_cache, cache.cross_attention_cache)
+    return all(type(part) is DynamicCache and part.get_seq_length() == 0 for part in parts)
+
+
+class PanmCache(EncoderDecoderCache):
+    """An `EncoderDecoderCache` that also carries PANM's decoding state.
+
+    Attributes:
+        panm_state: recurrent state after the last decoded token, or None before the first.
+        panm_memory: the addressed memory bound on the first step (reused afterwards).
+        panm_steps: number of tokens PANM has decoded into `panm_state`.
+    """
+
+    def __init__(self, *caches) -> None:
+        super().__init__(*caches)
+        self.panm_state: PanmState | None = None
+        self.panm_memory: AddressedMemory | None = None
+        self.panm_steps = 0
+
+    @classmethod
+    def from_cache(cls, cache: Cache | None) -> PanmCache:
+        """Wrap the cache `generate()` created (or None) without copying its tensors."""
+        if isinstance(cache, PanmCache):
+            return cache
+        if cache is None:
+            return cls(DynamicCache(), DynamicCache())
+        if isinstance(cache, EncoderDecoderCache):
+            if _is_empty_dynamic(cache):
+                # generate() sizes its DynamicCache from the backbone config, which can disagree with the
+                # decoder that actually runs (placement="replace" drops a layer; T5 with
+                # num_decoder_layers != num_layers gets num_layers). Empty, it holds nothing to keep, so
+                # start with layers created lazily for whatever decoder layers exist.
+                return cls(DynamicCache(), DynamicCache())
+            wrapped = cls(cache.self_attention_cache, cache.cross_attention_cache)
+            wrapped.is_updated = dict(cache.is_updated)
+            return wrapped
+        if isinstance(cache, Cache):
+            return cls(cache, DynamicCache())
+        raise TypeError(f"past_key_values must be a transformers Cache or None; got {type(cache).__name__}.")
+
+    def _select(self, indices: torch.Tensor) -> None:
+        if self.panm_state is not None:
+            self.panm_state = self.panm_state.index_select(indices)
+        if self.panm_memory is not None:
+            self.panm_memory = self.panm_memory.index_select(indices)
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        super().reorder_cache(beam_idx)
+        self._select(beam_idx)
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        super().batch_repeat_interleave(repeats)
+        if self.panm_memory is not None:
+            batch_size = self.panm_memory.memory_states.shape[0]
+            self._select(torch.arange(batch_size).repeat_interleave(repeats))
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        super().batch_select_indices(indices)
+        self._select(indices)
+
+    def reset(self) -> None:
+        super().reset()
+        self.panm_state, self.panm_memory, self.panm_steps = None, None, 0
+
+    def crop(self, tokens_to_remove: int) -> None:
+        raise ValueError(
+            "PanmCache cannot be cropped: PANM's recurrent state cannot be rolled back to an earlier "
+            "token. Decoding strategies that crop the cache (assisted/speculative decoding) are not supported."
+        )
+
+    @property
+    def is_croppable(self) -> bool:
+        return False

@@ -1,0 +1,84 @@
+"""The Controller (paper, Sec. 2.3.3, Eq. 7 and the output MLP).
+
+A GRU reads ``[Mode-1 values, Mode-2 values, z_t]`` and an MLP ``g^o`` maps
+``[Mode-1 values, Mode-2 values, h^c_t]`` to the output. Because the reads do
+not depend on the Controller's state, all steps of a teacher-forced sequence
+run through one (cuDNN-able) ``nn.GRU`` call.
+
+Initial state ``h^c_0``: the paper sets it to ``sum_i M[i]``. A sum grows with the
+input length, which pushes ``h^c_0`` out of the GRU's (-1, 1) range on inputs
+several times longer than in training, so the default is a projected mean of
+the real memory slots (``controller_init="mean"``); ``"sum"`` keeps the paper's
+choice (also projected, since ``d_m`` and the GRU size may differ).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+CONTROLLER_INITS = ("mean", "sum")
+
+
+class Controller(nn.Module):
+    """Controller GRU plus output MLP `g^o`.
+
+    Args:
+        read_size: size of the concatenated Mode-1 and Mode-2 values.
+        decoder_input_size: size of `z_t` (0 when the Controller has no decoder input).
+        memory_dim: size of a memory slot (for the initial state).
+        hidden_size: Controller GRU size (paper: 256).
+        mlp_hidden_size: hidden width of `g^o` (paper: 128).
+        output_size: size of the output.
+        init: `"mean"` or `"sum"` of the real memory slots for `h^c_0`.
+    """
+
+    def __init__(
+        self,
+        *,
+        read_size: int,
+        decoder_input_size: int,
+        memory_dim: int,
+        hidden_size: int,
+        mlp_hidden_size: int,
+        output_size: int,
+        init: str = "mean",
+    ):
+        super().__init__()
+        if init not in CONTROLLER_INITS:
+            raise ValueError(f"controller_init={init!r} is not supported; choose one of {CONTROLLER_INITS}.")
+        self.init = init
+        self.decoder_input_size = decoder_input_size
+        self.initial_state = nn.Linear(memory_dim, hidden_size)
+        self.gru = nn.GRU(read_size + decoder_input_size, hidden_size, batch_first=True)
+        self.output_mlp = nn.Sequential(
+            nn.Linear(read_size + hidden_size, mlp_hidden_size),
+            nn.ReLU(),
+            nn.Linear(mlp_hidden_size, output_size),
+        )
+
+    def initial_hidden(self, memory_states: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """`h^c_0` from the real slots only: `(batch, slots, dim)` -> `(batch, hidden)`."""
+        mask = attention_mask.unsqueeze(-1).to(memory_states.dtype)  # (batch, slots, 1)
+        pooled = (memory_states * mask).sum(dim=1)  # (batch, dim)
+        if self.init == "mean":
+            pooled = pooled / mask.sum(dim=1).clamp(min=1.0)
+        return self.initial_state(pooled)
+
+    def forward(
+        self, reads: torch.Tensor, decoder_states: torch.Tensor | None, hidden: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run the Controller over all steps.
+
+        Args:
+            reads: `(batch, steps, read_size)` concatenated Mode-1 and Mode-2 values.
+            decoder_states: `(batch, steps, decoder_input_size)` `z_t`, or None.
+            hidden: `(batch, hidden)` previous state `h^c_{t-1}`.
+
+        Returns:
+            `(outputs (batch, steps, output_size), last hidden (batch, hidden))`.
+        """
+        inputs = reads if decoder_states is None else torch.cat([reads, decoder_states.to(reads.dtype)], dim=-1)
+        states, last = self.gru(inputs, hidden.unsqueeze(0).contiguous())  # (batch, steps, hidden), (1, batch, hidden)
+        outputs = self.output_mlp(torch.cat([reads, states.to(reads.dtype)], dim=-1))
+        return outputs, last.squeeze(0)

@@ -1,0 +1,312 @@
+"""PANM: the backbone-agnostic memory core (paper, Sec. 2.3).
+
+``PanmMemory`` binds a memory ``M`` (any encoder's outputs) to an address bank,
+runs the Pointer Units, the Mode-1/Mode-2 reads and the Controller, and returns
+the Controller's outputs together with the recurrent state, so a caller can
+decode all steps at once (teacher forcing) or one step at a time.
+Imports only torch and einops.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from einops import rearrange
+from torch import nn
+
+from .addressing import binary_codes, sample_base_address
+from .attention import SCORINGS
+from .controller import CONTROLLER_INITS, Controller
+from .pointer_unit import PointerUnits
+from .reads import Mode2Reader, mode1_read
+from .state import AddressedMemory, PanmState
+
+
+@dataclass
+class PanmMemoryOutput:
+    """Output of `PanmMemory.forward`.
+
+    Attributes:
+        hidden_states: `(batch, steps, output_size)` the Controller's outputs `g^o(...)`.
+        state: the recurrent state after the last step (feed it back to continue decoding).
+        memory: the `AddressedMemory` that was read (reuse it for later steps).
+        address_attentions: `(batch, steps, units, slots)` Mode-1 address attention `w^a_t`, if requested.
+        mode2_attentions: `(batch, steps, heads, slots)` Mode-2 attention `w^c_t`, if requested.
+    """
+
+    hidden_states: torch.Tensor
+    state: PanmState
+    memory: AddressedMemory
+    address_attentions: torch.Tensor | None = None
+    mode2_attentions: torch.Tensor | None = None
+
+
+def validate_panm_hyperparameters(
+    *,
+    address_bits: int,
+    num_pointer_units: int,
+    num_mode2_heads: int,
+    scoring: str,
+    controller_init: str,
+) -> None:
+    """Raise ValueError naming the field when a PANM hyperparameter is out of range."""
+    if not isinstance(address_bits, int) or address_bits < 1:
+        raise ValueError(f"address_bits must be an integer >= 1 (got {address_bits!r}).")
+    if address_bits > 62:
+        raise ValueError(f"address_bits={address_bits} overflows 64-bit addresses; use at most 62.")
+    if not isinstance(num_pointer_units, int) or num_pointer_units < 1:
+        raise ValueError(
+            f"num_pointer_units (H^a) must be an integer >= 1 (got {num_pointer_units!r}); "
+            "the paper uses 2 (base and end pointers)."
+        )
+    if not isinstance(num_mode2_heads, int) or num_mode2_heads < 0:
+        raise ValueError(f"num_mode2_heads (H^c) must be an integer >= 0 (got {num_mode2_heads!r}).")
+    if scoring not in SCORINGS:
+        raise ValueError(f"scoring={scoring!r} is not supported; choose one of {SCORINGS}.")
+    if controller_init not in CONTROLLER_INITS:
+        raise ValueError(f"controller_init={controller_init!r} is not supported; choose one of {CONTROLLER_INITS}.")
+
+
+def initial_pointer_offsets(lengths: torch.Tensor, num_pointer_units: int) -> torch.Tensor:
+    """Slot offsets where the Mode-1 pointers start (appendix, 'Model and Architecture').
+
+    Unit 0 starts at the base address `p_B` (offset 0), unit 1 at the end address
+    `p_E` (offset `length - 1`), further units at evenly spaced interior slots
+    (for `H^a = 3` the middle). `(batch,)` -> `(batch, units)` long.
+    """
+    last = (lengths - 1).clamp(min=0).unsqueeze(-1)  # (batch, 1)
+    fractions = [0.0, 1.0] + [k / (num_pointer_units - 1) for k in range(1, num_pointer_units - 1)]
+    fractions = torch.tensor(fractions[:num_pointer_units], device=lengths.device, dtype=torch.float64)
+    return torch.floor(last * fractions + 0.5).long()  # (batch, units), rounded half up
+
+
+class PanmMemory(nn.Module):
+    """Pointer-Augmented Neural Memory.
+
+    Args:
+        memory_dim: size `d_m` of a memory slot (the encoder's hidden size).
+        decoder_input_size: size of the decoder input `z_t` fed to the Controller; 0 for none (`z_t = 0`).
+        output_size: size of the Controller's output.
+        address_bits: `b`; inputs may have at most `2^b` slots.
+        num_pointer_units: `H^a`, the number of Mode-1 pointers.
+        num_mode2_heads: `H^c`, the number of Mode-2 heads (0 disables Mode 2).
+        pointer_hidden_size: Pointer Unit GRU size.
+        controller_hidden_size: Controller GRU size.
+        mlp_hidden_size: hidden width of `g^a`, `g^c` and `g^o`.
+        scoring: `"dot"` or `"cosine"` attention scoring.
+        cosine_inverse_temperature: initial inverse temperature of `"cosine"` scoring.
+        controller_init: `"mean"` or `"sum"` of the real memory slots for `h^c_0`.
+    """
+
+    def __init__(
+        self,
+        *,
+        memory_dim: int,
+        decoder_input_size: int,
+        output_size: int,
+        address_bits: int = 10,
+        num_pointer_units: int = 2,
+        num_mode2_heads: int = 1,
+        pointer_hidden_size: int = 256,
+        controller_hidden_size: int = 256,
+        mlp_hidden_size: int = 128,
+        scoring: str = "dot",
+        cosine_inverse_temperature: float = 15.0,
+        controller_init: str = "mean",
+    ):
+        super().__init__()
+        validate_panm_hyperparameters(
+            address_bits=address_bits,
+            num_pointer_units=num_pointer_units,
+            num_mode2_heads=num_mode2_heads,
+            scoring=scoring,
+            controller_init=controller_init,
+        )
+        self.memory_dim = memory_dim
+        self.decoder_input_size = decoder_input_size
+        self.address_bits = address_bits
+        self.num_pointer_units = num_pointer_units
+        self.num_mode2_heads = num_mode2_heads
+        self.pointer_units = PointerUnits(
+            num_pointer_units=num_pointer_units,
+            address_bits=address_bits,
+            hidden_size=pointer_hidden_size,
+            mlp_hidden_size=mlp_hidden_size,
+            scoring=scoring,
+            cosine_inverse_temperature=cosine_inverse_temperature,
+        )
+        self.mode2_reader = (
+            Mode2Reader(
+                memory_dim=memory_dim,
+                num_pointer_units=num_pointer_units,
+                num_heads=num_mode2_heads,
+                mlp_hidden_size=mlp_hidden_size,
+                scoring=scoring,
+                cosine_inverse_temperature=cosine_inverse_temperature,
+            )
+            if num_mode2_heads > 0
+            else None
+        )
+        self.controller = Controller(
+            read_size=(num_pointer_units + num_mode2_heads) * memory_dim,
+            decoder_input_size=decoder_input_size,
+            memory_dim=memory_dim,
+            hidden_size=controller_hidden_size,
+            mlp_hidden_size=mlp_hidden_size,
+            output_size=output_size,
+            init=controller_init,
+        )
+
+    @property
+    def max_slots(self) -> int:
+        return 2**self.address_bits
+
+    def bind(
+        self,
+        memory_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        *,
+        base_address: torch.Tensor | None = None,
+        generator: torch.Generator | None = None,
+    ) -> AddressedMemory:
+        """Bind memory slots to physical addresses (Sec. 2.2, Algorithm 1).
+
+        Real slots get consecutive addresses `p_B, p_B + 1, ...` in order, whatever
+        the padding side, so a sample's addresses do not depend on how it was padded.
+
+        Args:
+            memory_states: `(batch, slots, memory_dim)`.
+            attention_mask: `(batch, slots)`, nonzero for real slots; None means all real.
+            base_address: `(batch,)` integer `p_B` per sample. Default: uniform over
+                `[0, 2^b)` in training mode, 0 in eval mode.
+            generator: torch.Generator for the training-time draw (reproducible runs).
+        """
+        if memory_states.dim() != 3 or memory_states.shape[-1] != self.memory_dim:
+            raise ValueError(
+                f"memory_states must have shape (batch, slots, {self.memory_dim}); "
+                f"got {tuple(memory_states.shape)}."
+            )
+        batch_size, num_slots, _ = memory_states.shape
+        if num_slots > self.max_slots:
+            raise ValueError(
+                f"The input has {num_slots} memory slots but address_bits={self.address_bits} gives only "
+                f"{self.max_slots} addresses; raise address_bits to at least {max(1, (num_slots - 1).bit_length())}."
+            )
+        device = memory_states.device
+        if attention_mask is None:
+            mask = torch.ones(batch_size, num_slots, dtype=torch.bool, device=device)
+        else:
+            if tuple(attention_mask.shape) != (batch_size, num_slots):
+                raise ValueError(
+                    f"attention_mask must have shape {(batch_size, num_slots)} to match memory_states; "
+                    f"got {tuple(attention_mask.shape)}."
+                )
+            mask = attention_mask.to(device=device).bool()
+        if base_address is None:
+            if self.training:
+                base_address = sample_base_address(batch_size, self.address_bits, generator=generator, device=device)
+            else:
+                base_address = torch.zeros(batch_size, dtype=torch.long, device=device)
+        else:
+            base_address = torch.as_tensor(base_address, device=device)
+            if base_address.shape != (batch_size,) or base_address.is_floating_point():
+                raise ValueError(
+                    f"base_address must be an integer tensor of shape ({batch_size},); "
+                    f"got {base_address.dtype} {tuple(base_address.shape)}."
+                )
+            base_address = base_address.long() % self.max_slots
+        positions = (mask.long().cumsum(dim=-1) - 1).clamp(min=0)  # (batch, slots) rank among real slots
+        addresses = (base_address.unsqueeze(-1) + positions) % self.max_slots  # (batch, slots)
+        param_dtype = self.controller.initial_state.weight.dtype
+        address_bank = binary_codes(addresses, self.address_bits).to(param_dtype)  # (batch, slots, bits)
+        return AddressedMemory(
+            memory_states=memory_states,
+            attention_mask=mask,
+            address_bank=address_bank,
+            address_keys=self.pointer_units.address_keys(address_bank),
+            base_address=base_address,
+            lengths=mask.sum(dim=-1),
+        )
+
+    def initial_state(self, memory: AddressedMemory) -> PanmState:
+        """State before the first decoding step: `h^a_0 = 0`, `p^a_0` at base/end(/middle), `h^c_0` from `M`."""
+        offsets = initial_pointer_offsets(memory.lengths, self.num_pointer_units)  # (batch, units)
+        addresses = (memory.base_address.unsqueeze(-1) + offsets) % self.max_slots  # (batch, units)
+        pointers = binary_codes(addresses, self.address_bits).to(memory.address_bank.dtype)  # (batch, units, bits)
+        pointer_hidden = memory.address_keys.new_zeros(
+            memory.address_keys.shape[0], self.num_pointer_units, self.pointer_units.hidden_size
+        )
+        controller_hidden = self.controller.initial_hidden(memory.memory_states, memory.attention_mask)
+        return PanmState(pointer_hidden=pointer_hidden, pointers=pointers, controller_hidden=controller_hidden)
+
+    def forward(
+        self,
+        memory: AddressedMemory | torch.Tensor,
+        decoder_states: torch.Tensor | None = None,
+        *,
+        attention_mask: torch.Tensor | None = None,
+        num_steps: int | None = None,
+        state: PanmState | None = None,
+        base_address: torch.Tensor | None = None,
+        output_attentions: bool = False,
+    ) -> PanmMemoryOutput:
+        """Decode `steps` steps from the memory.
+
+        Args:
+            memory: an `AddressedMemory` from `bind`, or raw `(batch, slots, memory_dim)`
+                memory states (then bound here with `attention_mask` and `base_address`).
+            decoder_states: `(batch, steps, decoder_input_size)` decoder inputs `z_t`; None
+                when the Controller has no decoder input (then give `num_steps`).
+            num_steps: number of steps when `decoder_states` is None.
+            state: state from a previous call to continue from; None starts afresh.
+            output_attentions: also return Mode-1 and Mode-2 attention weights.
+        """
+        if not isinstance(memory, AddressedMemory):
+            memory = self.bind(memory, attention_mask, base_address=base_address)
+        batch_size = memory.memory_states.shape[0]
+        if decoder_states is not None:
+            if self.decoder_input_size == 0:
+                raise ValueError(
+                    "This PanmMemory has decoder_input_size=0; call it with num_steps, not decoder_states."
+                )
+            if decoder_states.dim() != 3 or decoder_states.shape[0] != batch_size or (
+                decoder_states.shape[-1] != self.decoder_input_size
+            ):
+                raise ValueError(
+                    f"decoder_states must have shape ({batch_size}, steps, {self.decoder_input_size}); "
+                    f"got {tuple(decoder_states.shape)}."
+                )
+            num_steps = decoder_states.shape[1]
+        elif self.decoder_input_size > 0:
+            raise ValueError(f"decoder_states of size {self.decoder_input_size} are required by this PanmMemory.")
+        if num_steps is None or num_steps < 1:
+            raise ValueError(f"num_steps must be a positive integer (got {num_steps!r}).")
+        if state is None:
+            state = self.initial_state(memory)
+
+        address_weights, pointers, pointer_hidden = self.pointer_units(
+            state.pointers,
+            state.pointer_hidden,
+            memory.address_bank,
+            memory.address_keys,
+            memory.attention_mask,
+            num_steps,
+        )  # (batch, steps, units, slots)
+        mode1_values = mode1_read(address_weights.to(memory.memory_states.dtype), memory.memory_states)
+        reads = [mode1_values]  # each (batch, steps, heads, dim)
+        mode2_weights = None
+        if self.mode2_reader is not None:
+            mode2_values, mode2_weights = self.mode2_reader(
+                mode1_values, memory.memory_states, memory.attention_mask
+            )
+            reads.append(mode2_values)
+        reads = rearrange(torch.cat(reads, dim=2), "b t h d -> b t (h d)")  # (batch, steps, (units+heads)*dim)
+        hidden_states, controller_hidden = self.controller(reads, decoder_states, state.controller_hidden)
+        return PanmMemoryOutput(
+            hidden_states=hidden_states,
+            state=PanmState(pointer_hidden=pointer_hidden, pointers=pointers, controller_hidden=controller_hidden),
+            memory=memory,
+            address_attentions=address_weights if output_attentions else None,
+            mode2_attentions=mode2_weights if output_attentions else None,
+        )

@@ -1,0 +1,273 @@
+"""PanmForSeq2SeqLM: PANM's Controller as the last decoder layer of any HF encoder-decoder.
+
+Memory ``M`` = the backbone encoder's last hidden states; ``z_t`` = the backbone
+decoder's hidden states. With ``placement="stack"`` the Controller's output is
+added to ``z_t`` through a zero-initialised projection (``g^o``'s last layer), so a
+freshly wrapped pretrained backbone returns exactly the backbone's logits; with
+``placement="replace"`` the backbone's last decoder layer is removed and the
+Controller's output takes its place (the paper's setup). Either way the result is
+read out through the backbone's own LM head (tied embeddings and
+``final_logits_bias`` keep working).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from transformers import AutoModelForSeq2SeqLM, GenerationMixin, PreTrainedModel
+from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput
+
+from .backbones import get_path, seq2seq_parts
+from .cache_panm import PanmCache
+from .configuration_panm import PanmConfig
+from .memory import PanmMemory
+from .state import PanmState
+
+
+@dataclass
+class PanmSeq2SeqLMOutput(Seq2SeqLMOutput):
+    """`Seq2SeqLMOutput` plus PANM's attention maps (with `output_attentions=True`).
+
+    Attributes:
+        address_attentions: `(batch, steps, H^a, src_len)` Mode-1 address attention per decoding step.
+        mode2_attentions: `(batch, steps, H^c, src_len)` Mode-2 attention per decoding step.
+    """
+
+    address_attentions: torch.FloatTensor | None = None
+    mode2_attentions: torch.FloatTensor | None = None
+
+
+class PanmPreTrainedModel(PreTrainedModel):
+    config_class = PanmConfig
+    base_model_prefix = "backbone"
+    supports_gradient_checkpointing = True
+    _supports_sdpa = True
+    _supports_flash_attn = True
+    _supports_attention_backend = True
+
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module) -> None:
+        # Backbones are PreTrainedModels and get their own init (or keep their loaded
+        # weights); only PANM's modules reach this method.
+        if isinstance(module, PanmMemory):
+            return
+        if hasattr(module, "reset_parameters") and not isinstance(module, PreTrainedModel):
+            module.reset_parameters()
+        if module is getattr(self, "_zero_init_module", lambda: None)():
+            nn.init.zeros_(module.weight)
+            nn.init.zeros_(module.bias)
+
+
+class PanmForSeq2SeqLM(PanmPreTrainedModel, GenerationMixin):
+    """An HF encoder-decoder with PANM plugged in as its last decoder layer.
+
+    Args:
+        config: a `PanmConfig` whose `text_config` is a supported encoder-decoder backbone
+            (see `panm_hf.backbones.SEQ2SEQ_BACKBONES`).
+        backbone: an already built backbone (used by `from_backbone`); built from
+            `config.text_config` when None.
+    """
+
+    accepts_loss_kwargs = False
+
+    def __init__(self, config: PanmConfig, backbone: PreTrainedModel | None = None):
+        super().__init__(config)
+        self.parts = seq2seq_parts(config.text_config)
+        if backbone is None:
+            backbone = AutoModelForSeq2SeqLM.from_config(config.text_config)
+        self.backbone = backbone
+        if config.placement == "replace":
+            layers = get_path(self.backbone, self.parts.decoder_layers)
+            if len(layers) < 2:
+                raise ValueError(
+                    f"placement='replace' removes the backbone's last decoder layer, but it has {len(layers)}; "
+                    "use placement='stack' or a backbone with at least 2 decoder layers."
+                )
+            del layers[-1]
+        decoder_dim = get_path(config.text_config, self.parts.decoder_dim)
+        self.panm = PanmMemory(
+            memory_dim=get_path(config.text_config, self.parts.memory_dim),
+            decoder_input_size=decoder_dim,
+            output_size=decoder_dim,
+            **config.panm_kwargs(),
+        )
+        self.post_init()
+
+    def _zero_init_module(self) -> nn.Module | None:
+        # g^o's last layer: zero in "stack" placement so the residual starts at exactly 0.
+        return self.panm.controller.output_mlp[-1] if self.config.placement == "stack" else None
+
+    # -- HF plumbing ---------------------------------------------------------------------------
+    @classmethod
+    def from_backbone(
+        cls,
+        backbone: PreTrainedModel | str | os.PathLike,
+        *,
+        backbone_kwargs: dict | None = None,
+        **panm_kwargs,
+    ) -> PanmForSeq2SeqLM:
+        """Wrap a pretrained encoder-decoder with a freshly initialised PANM.
+
+        Args:
+            backbone: a loaded seq2seq model, or a local folder / Hub id for
+                `AutoModelForSeq2SeqLM.from_pretrained`.
+            backbone_kwargs: extra arguments for that `from_pretrained` call (`dtype`, `revision`, ...).
+            **panm_kwargs: `PanmConfig` fields (`address_bits`, `placement`, `scoring`, ...).
+
+        The backbone's weights are kept as loaded; only PANM's are initialised. With
+        `placement="replace"` the backbone's last decoder layer is dropped.
+        """
+        if isinstance(backbone, (str, os.PathLike)):
+            backbone = AutoModelForSeq2SeqLM.from_pretrained(backbone, **(backbone_kwargs or {}))
+        config = PanmConfig(text_config=backbone.config.to_dict(), **panm_kwargs)
+        model = cls(config, backbone=backbone)
+        return model.to(backbone.device)
+
+    def get_encoder(self, modality: str | None = None):
+        return get_path(self.backbone, self.parts.encoder)
+
+    def get_decoder(self):
+        return get_path(self.backbone, self.parts.decoder)
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.backbone.get_input_embeddings()
+
+    def set_input_embeddings(self, value: nn.Module) -> None:
+        self.backbone.set_input_embeddings(value)
+
+    def get_output_embeddings(self) -> nn.Module:
+        return self.backbone.get_output_embeddings()
+
+    def set_output_embeddings(self, value: nn.Module) -> None:
+        self.backbone.set_output_embeddings(value)
+
+    def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
+        return self.backbone.prepare_decoder_input_ids_from_labels(labels=labels)
+
+    # -- forward ---------------------------------------------------------------------------------
+    def _logits(self, decoder_states: torch.Tensor) -> torch.Tensor:
+        if self.parts.output_scale is not None:
+            decoder_states = decoder_states * self.parts.output_scale(self.config.text_config)
+        logits = get_path(self.backbone, self.parts.lm_head)(decoder_states)
+        bias = get_path(self.backbone, self.parts.final_logits_bias)
+        return logits + bias.to(logits.device) if bias is not None else logits
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        decoder_input_ids: torch.LongTensor | None = None,
+        decoder_attention_mask: torch.Tensor | None = None,
+        encoder_outputs: tuple | BaseModelOutput | None = None,
+        past_key_values: PanmCache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        decoder_inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        base_address: torch.LongTensor | None = None,
+        **kwargs,
+    ) -> PanmSeq2SeqLMOutput | tuple:
+        r"""Seq2seq forward with PANM as the last decoder layer.
+
+        Args:
+            input_ids, attention_mask: source tokens and mask; the mask also masks PANM's memory.
+            decoder_input_ids, decoder_attention_mask: target-side inputs; derived from `labels`
+                by the backbone's own shift when omitted.
+            encoder_outputs: precomputed encoder outputs (as `generate()` passes them).
+            past_key_values: a `PanmCache` (any backbone cache is upgraded to one) holding the
+                backbone's KV cache and PANM's state for incremental decoding.
+            labels: target tokens; `-100` is ignored by the loss.
+            base_address: `(batch,)` PANM base addresses; default random in training, 0 in eval.
+            output_attentions: also return PANM's address and Mode-2 attention maps.
+        """
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        if labels is not None:
+            use_cache = False
+            if decoder_input_ids is None and decoder_inputs_embeds is None:
+                decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
+        use_cache = use_cache if use_cache is not None else getattr(self.config.text_config, "use_cache", True)
+        extra = {}
+        if output_attentions:
+            extra["output_attentions"] = True
+        if output_hidden_states:
+            extra["output_hidden_states"] = True
+
+        if encoder_outputs is None:
+            encoder_outputs = self.get_encoder()(
+                input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds, **extra
+            )
+        elif not isinstance(encoder_outputs, BaseModelOutput):
+            encoder_outputs = BaseModelOutput(
+                last_hidden_state=encoder_outputs[0],
+                hidden_states=encoder_outputs[1] if len(encoder_outputs) > 1 else None,
+                attentions=encoder_outputs[2] if len(encoder_outputs) > 2 else None,
+            )
+        memory_states = encoder_outputs.last_hidden_state  # (batch, src_len, memory_dim)
+        projection = get_path(self.backbone, self.parts.encoder_to_decoder)
+        cross_states = projection(memory_states) if projection is not None else memory_states
+
+        cache = PanmCache.from_cache(past_key_values) if use_cache else None
+        past_length = cache.get_seq_length() if cache is not None else 0
+        decoder_outputs = self.get_decoder()(
+            input_ids=decoder_input_ids,
+            attention_mask=decoder_attention_mask,
+            encoder_hidden_states=cross_states,
+            encoder_attention_mask=attention_mask,
+            inputs_embeds=decoder_inputs_embeds,
+            past_key_values=cache,
+            use_cache=use_cache,
+            **extra,
+        )
+        decoder_states = decoder_outputs.last_hidden_state  # (batch, tgt_len, decoder_dim) = z_t
+
+        state: PanmState | None = None
+        memory = None
+        if cache is not None:
+            if cache.panm_steps != past_length:
+                raise ValueError(
+                    f"past_key_values holds {past_length} cached tokens but PANM state for {cache.panm_steps}; "
+                    "pass the PanmCache returned by this model (not a backbone-only cache)."
+                )
+            state, memory = cache.panm_state, cache.panm_memory
+        if memory is None:
+            memory = self.panm.bind(memory_states, attention_mask, base_address=base_address)
+        panm_output = self.panm(memory, decoder_states, state=state, output_attentions=bool(output_attentions))
+        if cache is not None:
+            cache.panm_state, cache.panm_memory = panm_output.state, panm_output.memory
+            cache.panm_steps = past_length + decoder_states.shape[1]
+
+        if self.config.placement == "stack":
+            hidden = decoder_states + panm_output.hidden_states.to(decoder_states.dtype)
+        else:
+            hidden = panm_output.hidden_states
+        logits = self._logits(hidden)  # (batch, tgt_len, vocab)
+
+        loss = None
+        if labels is not None:
+            loss = nn.functional.cross_entropy(
+                logits.float().flatten(0, 1), labels.to(logits.device).flatten(), ignore_index=-100
+            )
+
+        output = PanmSeq2SeqLMOutput(
+            loss=loss,
+            logits=logits,
+            past_key_values=cache,
+            decoder_hidden_states=getattr(decoder_outputs, "hidden_states", None),
+            decoder_attentions=getattr(decoder_outputs, "attentions", None),
+            cross_attentions=getattr(decoder_outputs, "cross_attentions", None),
+            encoder_last_hidden_state=memory_states,
+            encoder_hidden_states=encoder_outputs.hidden_states,
+            encoder_attentions=encoder_outputs.attentions,
+            address_attentions=panm_output.address_attentions,
+            mode2_attentions=panm_output.mode2_attentions,
+        )
+        return output if return_dict else output.to_tuple()
+
+
+__all__ = ["PanmForSeq2SeqLM", "PanmPreTrainedModel", "PanmSeq2SeqLMOutput"]

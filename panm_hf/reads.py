@@ -1,0 +1,76 @@
+"""Pointer-based addressing modes (paper, Sec. 2.3.2).
+
+Mode 1 dereferences each Mode-1 pointer: ``*p^a_{t,h} = M w^a_{t,h}``.
+Mode 2 attends over ``M`` with a query made from the Mode-1 values,
+``q_t = g^c([*p^a_{t,1..H^a}])`` (Eqs. 4-6), one query per Mode-2 head.
+Both run over every decoding step at once.
+"""
+
+from __future__ import annotations
+
+import torch
+from einops import rearrange
+from torch import nn
+
+from .attention import AttentionScorer, masked_softmax
+
+
+def mode1_read(address_weights: torch.Tensor, memory_states: torch.Tensor) -> torch.Tensor:
+    """Dereference pointers: `(batch, steps, units, slots)` x `(batch, slots, dim)` -> `(batch, steps, units, dim)`."""
+    return torch.einsum("btus,bsd->btud", address_weights, memory_states)
+
+
+class Mode2Reader(nn.Module):
+    """`H^c` content attention heads over `M`, queried by the Mode-1 values.
+
+    Args:
+        memory_dim: size of a memory slot `d_m`.
+        num_pointer_units: `H^a` (the query MLP reads all Mode-1 values).
+        num_heads: `H^c`.
+        mlp_hidden_size: hidden width of `g^c`.
+        scoring: `"dot"` or `"cosine"`.
+        cosine_inverse_temperature: initial inverse temperature for `"cosine"`.
+    """
+
+    def __init__(
+        self,
+        *,
+        memory_dim: int,
+        num_pointer_units: int,
+        num_heads: int,
+        mlp_hidden_size: int,
+        scoring: str,
+        cosine_inverse_temperature: float = 15.0,
+    ):
+        super().__init__()
+        self.num_heads = num_heads
+        self.query_mlp = nn.Sequential(
+            nn.Linear(num_pointer_units * memory_dim, mlp_hidden_size),
+            nn.ReLU(),
+            nn.Linear(mlp_hidden_size, num_heads * memory_dim),
+        )
+        self.scorer = AttentionScorer(
+            scoring=scoring, dim=memory_dim, cosine_inverse_temperature=cosine_inverse_temperature
+        )
+
+    def forward(
+        self, mode1_values: torch.Tensor, memory_states: torch.Tensor, attention_mask: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Mode-2 reads for every step.
+
+        Args:
+            mode1_values: `(batch, steps, units, dim)`.
+            memory_states: `(batch, slots, dim)`.
+            attention_mask: `(batch, slots)` bool.
+
+        Returns:
+            `(values (batch, steps, heads, dim), weights (batch, steps, heads, slots))`.
+        """
+        queries = self.query_mlp(rearrange(mode1_values, "b t u d -> b t (u d)"))  # (batch, steps, heads*dim)
+        queries = rearrange(queries, "b t (h d) -> b t h d", h=self.num_heads)  # (batch, steps, heads, dim)
+        queries = self.scorer.prepare_queries(queries)
+        keys = self.scorer.prepare_keys(memory_states)  # (batch, slots, dim)
+        scores = torch.einsum("bthd,bsd->bths", queries, keys)  # (batch, steps, heads, slots)
+        weights = masked_softmax(scores, attention_mask[:, None, None, :])
+        values = torch.einsum("bths,bsd->bthd", weights, memory_states)  # (batch, steps, heads, dim)
+        return values, weights

@@ -1,0 +1,88 @@
+"""Tiny random backbones shared by the tests (no network, seconds each)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import (
+    BartConfig,
+    BertConfig,
+    EncoderDecoderConfig,
+    MarianConfig,
+    MBartConfig,
+    T5Config,
+)
+
+VOCAB = 99
+TINY_PANM = {"address_bits": 6, "pointer_hidden_size": 12, "controller_hidden_size": 12, "mlp_hidden_size": 10}
+
+
+def _bart_like(config_class, **extra):
+    return config_class(
+        vocab_size=VOCAB,
+        d_model=16,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=32,
+        decoder_ffn_dim=32,
+        max_position_embeddings=64,
+        pad_token_id=1,
+        bos_token_id=0,
+        eos_token_id=2,
+        decoder_start_token_id=2,
+        **extra,
+    )
+
+
+def _t5():
+    return T5Config(
+        vocab_size=VOCAB,
+        d_model=16,
+        d_kv=8,
+        d_ff=32,
+        num_layers=2,
+        num_decoder_layers=2,
+        num_heads=2,
+        relative_attention_num_buckets=8,
+        pad_token_id=0,
+        eos_token_id=1,
+        decoder_start_token_id=0,
+    )
+
+
+def _bert2bert():
+    bert = {
+        "vocab_size": VOCAB,
+        "hidden_size": 16,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "intermediate_size": 32,
+        "max_position_embeddings": 64,
+    }
+    config = EncoderDecoderConfig.from_encoder_decoder_configs(BertConfig(**bert), BertConfig(**bert))
+    config.pad_token_id, config.decoder_start_token_id, config.eos_token_id = 0, 2, 3
+    return config
+
+
+BACKBONES = {
+    "bart": lambda: _bart_like(BartConfig),
+    "marian": lambda: _bart_like(MarianConfig),
+    "mbart": lambda: _bart_like(MBartConfig),
+    "t5": _t5,
+    "encoder-decoder": _bert2bert,
+}
+
+
+@pytest.fixture(params=["bart", "t5", "marian"])
+def backbone_config(request):
+    """One tiny config per backbone family the issue names as required."""
+    return BACKBONES[request.param]()
+
+
+def make_inputs(batch_size: int = 2, src_len: int = 7, tgt_len: int = 5, seed: int = 0):
+    generator = torch.Generator().manual_seed(seed)
+    input_ids = torch.randint(4, VOCAB, (batch_size, src_len), generator=generator)
+    labels = torch.randint(4, VOCAB, (batch_size, tgt_len), generator=generator)
+    return input_ids, labels

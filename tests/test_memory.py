@@ -1,0 +1,158 @@
+"""The backbone-agnostic memory core: principle II, masking, state, shapes, errors."""
+
+import pytest
+import torch
+
+from panm_hf.addressing import binary_codes
+from panm_hf.memory import PanmMemory, initial_pointer_offsets
+
+
+def tiny(**kwargs) -> PanmMemory:
+    defaults = dict(memory_dim=8, decoder_input_size=6, output_size=5, address_bits=5,
+                    pointer_hidden_size=12, controller_hidden_size=12, mlp_hidden_size=10)
+    defaults.update(kwargs)
+    torch.manual_seed(0)
+    return PanmMemory(**defaults).eval()
+
+
+@pytest.mark.parametrize("scoring", ["dot", "cosine"])
+def test_pointer_units_never_see_memory_content(scoring):
+    memory = tiny(scoring=scoring)
+    mask = torch.tensor([[1, 1, 1, 1, 0], [1, 1, 1, 1, 1]])
+    states = torch.randn(2, 5, 8, requires_grad=True)
+    decoder = torch.randn(2, 4, 6)
+    out = memory(states, decoder, attention_mask=mask, output_attentions=True)
+    other = memory(torch.randn(2, 5, 8) * 10, torch.randn(2, 4, 6), attention_mask=mask, output_attentions=True)
+    # same addresses => same pointers, whatever the content and the decoder inputs
+    assert torch.equal(out.address_attentions, other.address_attentions)
+    assert torch.equal(out.state.pointers, other.state.pointers)
+    # and there is no autograd path from memory content to the pointers
+    (grad,) = torch.autograd.grad(out.address_attentions.sum(), states, allow_unused=True)
+    assert grad is None
+    # while the Controller output does depend on the content
+    assert not torch.allclose(out.hidden_states, other.hidden_states)
+
+
+def test_padding_invariance_and_zero_weight_on_padding():
+    memory = tiny()
+    states, decoder = torch.randn(1, 4, 8), torch.randn(1, 3, 6)
+    alone = memory(states, decoder, output_attentions=True)
+    padded_states = torch.cat([states, torch.randn(1, 3, 8) * 100], dim=1)
+    padded = memory(padded_states, decoder, attention_mask=torch.tensor([[1, 1, 1, 1, 0, 0, 0]]),
+                    output_attentions=True)
+    assert torch.allclose(alone.hidden_states, padded.hidden_states, atol=1e-5)
+    assert torch.equal(padded.address_attentions[..., 4:], torch.zeros_like(padded.address_attentions[..., 4:]))
+    assert torch.equal(padded.mode2_attentions[..., 4:], torch.zeros_like(padded.mode2_attentions[..., 4:]))
+    assert torch.allclose(padded.address_attentions.sum(-1), torch.ones(1, 3, 2))
+
+
+def test_batch_independence():
+    memory = tiny()
+    states, decoder = torch.randn(3, 5, 8), torch.randn(3, 4, 6)
+    batched = memory(states, decoder, base_address=torch.tensor([3, 17, 30]))
+    for i, base in enumerate([3, 17, 30]):
+        single = memory(states[i : i + 1], decoder[i : i + 1], base_address=torch.tensor([base]))
+        assert torch.allclose(batched.hidden_states[i], single.hidden_states[0], atol=1e-5)
+
+
+def test_step_by_step_equals_all_steps_at_once():
+    memory = tiny()
+    states, decoder = torch.randn(2, 6, 8), torch.randn(2, 5, 6)
+    mask = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 0, 0, 0]])
+    full = memory(states, decoder, attention_mask=mask)
+    bound, state, outputs = memory.bind(states, mask), None, []
+    for t in range(5):
+        step = memory(bound, decoder[:, t : t + 1], state=state)
+        state = step.state
+        outputs.append(step.hidden_states)
+    assert torch.allclose(torch.cat(outputs, dim=1), full.hidden_states, atol=1e-6)
+    assert torch.allclose(state.controller_hidden, full.state.controller_hidden, atol=1e-6)
+
+
+def test_state_index_select_reorders_every_field():
+    memory = tiny()
+    out = memory(torch.randn(3, 4, 8), torch.randn(3, 2, 6))
+    order = torch.tensor([2, 0, 0])
+    reordered = out.state.index_select(order)
+    assert torch.equal(reordered.pointers, out.state.pointers[order])
+    assert torch.equal(reordered.pointer_hidden, out.state.pointer_hidden[order])
+    assert torch.equal(reordered.controller_hidden, out.state.controller_hidden[order])
+    assert torch.equal(out.memory.index_select(order).address_bank, out.memory.address_bank[order])
+
+
+def test_initial_pointers_base_end_middle():
+    lengths = torch.tensor([5, 1, 8])
+    assert initial_pointer_offsets(lengths, 2).tolist() == [[0, 4], [0, 0], [0, 7]]
+    assert initial_pointer_offsets(lengths, 3).tolist() == [[0, 4, 2], [0, 0, 0], [0, 7, 4]]
+    memory = tiny(num_pointer_units=3)
+    bound = memory.bind(torch.randn(1, 5, 8), base_address=torch.tensor([29]))
+    pointers = memory.initial_state(bound).pointers[0]
+    assert torch.equal(pointers, binary_codes(torch.tensor([29, 1, 31]), 5))  # 29+4 and 29+2 wrap mod 32
+
+
+def test_all_padding_row_is_finite():
+    memory = tiny()
+    mask = torch.tensor([[0, 0, 0], [1, 1, 0]])
+    out = memory(torch.randn(2, 3, 8), torch.randn(2, 2, 6), attention_mask=mask, output_attentions=True)
+    assert torch.isfinite(out.hidden_states).all()
+    assert torch.equal(out.address_attentions[0], torch.zeros(2, 2, 3))
+
+
+def test_controller_without_decoder_input_and_without_mode2():
+    memory = tiny(decoder_input_size=0, num_mode2_heads=0)
+    out = memory(torch.randn(2, 4, 8), num_steps=7, output_attentions=True)
+    assert out.hidden_states.shape == (2, 7, 5)
+    assert out.address_attentions.shape == (2, 7, 2, 4)
+    assert out.mode2_attentions is None
+
+
+def test_sum_and_mean_controller_init():
+    states = torch.ones(1, 4, 8)
+    mean_memory, sum_memory = tiny(controller_init="mean"), tiny(controller_init="sum")
+    sum_memory.load_state_dict(mean_memory.state_dict())
+    projection = mean_memory.controller.initial_state
+    mean_h = mean_memory.initial_state(mean_memory.bind(states)).controller_hidden
+    sum_h = sum_memory.initial_state(sum_memory.bind(states)).controller_hidden
+    assert torch.allclose(mean_h, projection(torch.ones(1, 8)), atol=1e-6)
+    assert torch.allclose(sum_h, projection(4 * torch.ones(1, 8)), atol=1e-6)
+
+
+def test_gradients_reach_every_parameter():
+    for scoring in ("dot", "cosine"):
+        memory = tiny(scoring=scoring).train()
+        out = memory(torch.randn(4, 6, 8), torch.randn(4, 5, 6))
+        out.hidden_states.pow(2).sum().backward()
+        for name, parameter in memory.named_parameters():
+            assert parameter.grad is not None and parameter.grad.abs().sum() > 0, name
+
+
+def test_shape_errors_name_expected_and_actual():
+    memory = tiny()
+    with pytest.raises(ValueError, match=r"\(batch, slots, 8\).*\(2, 4, 7\)"):
+        memory(torch.randn(2, 4, 7), torch.randn(2, 3, 6))
+    with pytest.raises(ValueError, match=r"\(2, steps, 6\)"):
+        memory(torch.randn(2, 4, 8), torch.randn(2, 3, 5))
+    with pytest.raises(ValueError, match="attention_mask must have shape"):
+        memory(torch.randn(2, 4, 8), torch.randn(2, 3, 6), attention_mask=torch.ones(2, 5))
+    with pytest.raises(ValueError, match="base_address"):
+        memory(torch.randn(2, 4, 8), torch.randn(2, 3, 6), base_address=torch.tensor([1, 2, 3]))
+    with pytest.raises(ValueError, match="num_steps"):
+        tiny(decoder_input_size=0)(torch.randn(2, 4, 8))
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [({"address_bits": 0}, "address_bits"), ({"num_pointer_units": 0}, "num_pointer_units"),
+     ({"num_mode2_heads": -1}, "num_mode2_heads"), ({"scoring": "l2"}, "scoring"),
+     ({"controller_init": "max"}, "controller_init")],
+)
+def test_hyperparameter_errors_name_the_field(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        tiny(**kwargs)
+
+
+def test_bf16_autocast_is_finite():
+    memory = tiny()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = memory(torch.randn(2, 5, 8), torch.randn(2, 3, 6))
+    assert torch.isfinite(out.hidden_states.float()).all()

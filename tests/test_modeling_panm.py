@@ -1,0 +1,178 @@
+"""PanmForSeq2SeqLM on tiny BART / T5 / Marian (and mBART, bert2bert) backbones."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from conftest import BACKBONES, TINY_PANM, VOCAB, make_inputs
+from transformers import AutoConfig, AutoModelForSeq2SeqLM, BertConfig
+
+import panm_hf  # noqa: F401  (registers the Auto classes)
+from panm_hf import PanmConfig, PanmForSeq2SeqLM
+from panm_hf.backbones import get_path
+
+
+def wrap(config, placement="stack", seed=0, **kwargs):
+    torch.manual_seed(seed)
+    backbone = AutoModelForSeq2SeqLM.from_config(config)
+    return backbone, PanmForSeq2SeqLM.from_backbone(backbone, placement=placement, **{**TINY_PANM, **kwargs})
+
+
+def activate_panm(model, seed=1):
+    """Give g^o's zero-initialised last layer random weights so PANM changes the logits."""
+    generator = torch.Generator().manual_seed(seed)
+    layer = model.panm.controller.output_mlp[-1]
+    with torch.no_grad():
+        layer.weight.copy_(torch.randn(layer.weight.shape, generator=generator) * 0.5)
+        layer.bias.copy_(torch.randn(layer.bias.shape, generator=generator) * 0.5)
+    return model
+
+
+@pytest.mark.parametrize("name", sorted(BACKBONES))
+def test_stack_wrapper_starts_as_exactly_the_backbone(name):
+    backbone, model = wrap(BACKBONES[name]())
+    backbone_state = {k: v.clone() for k, v in backbone.state_dict().items()}
+    backbone.eval(), model.eval()
+    input_ids, labels = make_inputs()
+    with torch.no_grad():
+        expected = backbone(input_ids=input_ids, labels=labels)
+        actual = model(input_ids=input_ids, labels=labels)
+    assert torch.equal(actual.logits, expected.logits)
+    assert torch.allclose(actual.loss, expected.loss)
+    # wrapping never re-initialises the backbone
+    for key, value in model.backbone.state_dict().items():
+        assert torch.equal(value, backbone_state[key]), key
+
+
+def test_replace_drops_the_last_decoder_layer(backbone_config):
+    _, stack = wrap(backbone_config, "stack")
+    _, replace = wrap(backbone_config, "replace")
+    def decoder_layers(model):
+        return len(get_path(model.backbone, model.parts.decoder_layers))
+
+    assert decoder_layers(replace) == decoder_layers(stack) - 1
+    input_ids, labels = make_inputs()
+    out = replace.eval()(input_ids=input_ids, labels=labels)
+    assert out.logits.shape == (2, 5, VOCAB) and torch.isfinite(out.loss)
+
+
+@pytest.mark.parametrize("placement", ["stack", "replace"])
+def test_padding_invariance_and_batch_independence(backbone_config, placement):
+    _, model = wrap(backbone_config, placement)
+    model = activate_panm(model).eval()
+    input_ids, labels = make_inputs(batch_size=3, src_len=8)
+    pad = model.config.pad_token_id
+    mask = torch.ones_like(input_ids)
+    mask[1, 5:] = 0
+    input_ids[1, 5:] = pad
+    with torch.no_grad():
+        batched = model(input_ids=input_ids, attention_mask=mask, labels=labels).logits
+        alone = model(input_ids=input_ids[1:2, :5], labels=labels[1:2]).logits
+        first = model(input_ids=input_ids[:1], labels=labels[:1]).logits
+    assert torch.allclose(batched[1], alone[0], atol=1e-5)
+    assert torch.allclose(batched[0], first[0], atol=1e-5)
+
+
+def test_loss_ignores_minus_100_and_matches_cross_entropy(backbone_config):
+    _, model = wrap(backbone_config)
+    model = activate_panm(model).eval()
+    input_ids, labels = make_inputs()
+    labels[0, 3:] = -100
+    out = model(input_ids=input_ids, labels=labels)
+    expected = torch.nn.functional.cross_entropy(out.logits.reshape(-1, VOCAB), labels.reshape(-1), ignore_index=-100)
+    assert torch.allclose(out.loss, expected)
+
+
+def test_gradients_reach_every_panm_parameter(backbone_config):
+    _, model = wrap(backbone_config)
+    model = activate_panm(model).train()
+    input_ids, labels = make_inputs()
+    model(input_ids=input_ids, labels=labels).loss.backward()
+    for name, parameter in model.panm.named_parameters():
+        assert parameter.grad is not None and parameter.grad.abs().sum() > 0, name
+
+
+def test_save_load_exact_and_auto_classes(tmp_path, backbone_config):
+    _, model = wrap(backbone_config, "replace")
+    model = activate_panm(model).eval()
+    model.save_pretrained(tmp_path)
+    assert (tmp_path / "model.safetensors").exists()
+    assert AutoConfig.from_pretrained(tmp_path).__class__ is PanmConfig
+    loaded = AutoModelForSeq2SeqLM.from_pretrained(tmp_path).eval()
+    assert isinstance(loaded, PanmForSeq2SeqLM) and loaded.config.placement == "replace"
+    input_ids, labels = make_inputs()
+    with torch.no_grad():
+        assert torch.equal(model(input_ids=input_ids, labels=labels).logits,
+                           loaded(input_ids=input_ids, labels=labels).logits)
+
+
+def test_trust_remote_code_loads_without_panm_hf(tmp_path):
+    _, model = wrap(BACKBONES["bart"]())
+    model = activate_panm(model).eval()
+    model.save_pretrained(tmp_path)
+    input_ids, labels = make_inputs()
+    with torch.no_grad():
+        expected = model(input_ids=input_ids, labels=labels).logits
+    torch.save({"input_ids": input_ids, "labels": labels, "logits": expected}, tmp_path / "probe.pt")
+    script = textwrap.dedent(
+        f"""
+        import sys, torch
+        class BlockPanm:
+            def find_spec(self, name, path=None, target=None):
+                if name == "panm_hf" or name.startswith("panm_hf."):
+                    raise ImportError("panm_hf is blocked in this process")
+        sys.meta_path.insert(0, BlockPanm())
+        from transformers import AutoModelForSeq2SeqLM
+        model = AutoModelForSeq2SeqLM.from_pretrained({str(tmp_path)!r}, trust_remote_code=True).eval()
+        probe = torch.load({str(tmp_path / "probe.pt")!r})
+        with torch.no_grad():
+            logits = model(input_ids=probe["input_ids"], labels=probe["labels"]).logits
+        assert "panm_hf" not in sys.modules
+        print(type(model).__module__, torch.equal(logits, probe["logits"]))
+        """
+    )
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_MODULES_CACHE=str(tmp_path / "modules"))
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    module, equal = result.stdout.split()[-2:]
+    assert module.startswith("transformers_modules") and equal == "True"
+
+
+def test_config_errors_name_the_field():
+    with pytest.raises(ValueError, match="text_config"):
+        PanmForSeq2SeqLM(PanmConfig(text_config=BertConfig(hidden_size=16, num_hidden_layers=1,
+                                                           num_attention_heads=2, intermediate_size=8)))
+    with pytest.raises(ValueError, match="placement"):
+        PanmConfig(text_config=BACKBONES["bart"](), placement="middle")
+    with pytest.raises(ValueError, match="address_bits"):
+        PanmConfig(text_config=BACKBONES["bart"](), address_bits=0)
+    one_layer = BACKBONES["bart"]()
+    one_layer.decoder_layers = 1
+    with pytest.raises(ValueError, match="placement='replace'"):
+        PanmForSeq2SeqLM(PanmConfig(text_config=one_layer, placement="replace", **TINY_PANM))
+
+
+def test_too_long_input_and_all_padding_row():
+    _, model = wrap(BACKBONES["bart"](), address_bits=3)
+    model.eval()
+    with pytest.raises(ValueError, match="raise address_bits"):
+        model(input_ids=torch.randint(4, VOCAB, (1, 9)), labels=torch.randint(4, VOCAB, (1, 3)))
+    _, model = wrap(BACKBONES["bart"]())
+    model = activate_panm(model).eval()
+    input_ids, labels = make_inputs()
+    mask = torch.ones_like(input_ids)
+    mask[0] = 0
+    out = model(input_ids=input_ids, attention_mask=mask, labels=labels)
+    assert torch.isfinite(out.logits).all() and torch.isfinite(out.loss)
+
+
+def test_output_attentions_returns_pointer_maps():
+    _, model = wrap(BACKBONES["bart"]())
+    input_ids, labels = make_inputs(src_len=6, tgt_len=4)
+    out = model.eval()(input_ids=input_ids, labels=labels, output_attentions=True)
+    assert out.address_attentions.shape == (2, 4, 2, 6)
+    assert out.mode2_attentions.shape == (2, 4, 1, 6)
+    assert torch.allclose(out.address_attentions.sum(-1), torch.ones(2, 4, 2))
