@@ -15,11 +15,14 @@ import math
 import torch
 from torch import nn
 
-from .attention import AttentionScorer, masked_softmax
+from .attention import AttentionScorer
 
 
 class GroupedLinear(nn.Module):
-    """`groups` independent linear maps applied in one einsum: `(..., groups, in)` -> `(..., groups, out)`."""
+    """`groups` independent linear maps in one batched matmul: `(groups, rows, in)` -> `(groups, rows, out)`.
+
+    Group-major inputs let a single `baddbmm` serve all groups with no per-call copies.
+    """
 
     def __init__(self, groups: int, in_features: int, out_features: int):
         super().__init__()
@@ -34,7 +37,7 @@ class GroupedLinear(nn.Module):
         nn.init.uniform_(self.bias, -bound, bound)
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
-        return torch.einsum("...gi,gio->...go", inputs, self.weight) + self.bias
+        return torch.baddbmm(self.bias.unsqueeze(1), inputs, self.weight)  # (groups, rows, out)
 
 
 class GroupedGRUCell(nn.Module):
@@ -53,7 +56,7 @@ class GroupedGRUCell(nn.Module):
         self.hidden_gates.reset_parameters(bound)
 
     def forward(self, inputs: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
-        """`inputs (batch, groups, input_size)`, `hidden (batch, groups, hidden)` -> new hidden."""
+        """`inputs (groups, batch, input_size)`, `hidden (groups, batch, hidden)` -> new hidden."""
         reset_i, update_i, new_i = self.input_gates(inputs).chunk(3, dim=-1)
         reset_h, update_h, new_h = self.hidden_gates(hidden).chunk(3, dim=-1)
         reset = torch.sigmoid(reset_i + reset_h)
@@ -103,36 +106,12 @@ class PointerUnits(nn.Module):
 
         `(batch, slots, bits)` -> `(batch, units, slots, hidden)`, already normalised for scoring.
         """
-        per_unit = address_bank.unsqueeze(-2).expand(-1, -1, self.num_pointer_units, -1)  # (batch, slots, units, bits)
-        keys = self.address_mlp(per_unit)  # (batch, slots, units, hidden)
-        return self.scorer.prepare_keys(keys.transpose(1, 2))  # (batch, units, slots, hidden)
-
-    def step(
-        self,
-        pointers: torch.Tensor,
-        hidden: torch.Tensor,
-        address_bank: torch.Tensor,
-        address_keys: torch.Tensor,
-        slot_mask: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """One pointer update for all units (Eqs. 1-3).
-
-        Args:
-            pointers: `(batch, units, bits)` previous pointers `p_{t-1}`.
-            hidden: `(batch, units, hidden)` previous GRU states `h_{t-1}`.
-            address_bank: `(batch, slots, bits)`.
-            address_keys: `(batch, units, slots, hidden)` from `address_keys`.
-            slot_mask: `(batch, 1, slots)` boolean.
-
-        Returns:
-            `(weights (batch, units, slots), new pointers, new hidden)`.
-        """
-        hidden = self.cell(pointers, hidden)  # (batch, units, hidden)
-        queries = self.scorer.prepare_queries(hidden).unsqueeze(-2)  # (batch, units, 1, hidden)
-        scores = (queries @ address_keys.transpose(-1, -2)).squeeze(-2)  # (batch, units, slots)
-        weights = masked_softmax(scores, slot_mask)
-        pointers = weights @ address_bank  # (batch, units, bits)
-        return weights, pointers, hidden
+        batch, slots, bits = address_bank.shape
+        rows = address_bank.reshape(1, batch * slots, bits)  # (1, batch*slots, bits)
+        rows = rows.expand(self.num_pointer_units, -1, -1)  # (units, batch*slots, bits)
+        keys = self.address_mlp(rows)  # (units, batch*slots, hidden)
+        keys = keys.unflatten(1, (batch, slots)).transpose(0, 1)  # (batch, units, slots, hidden)
+        return self.scorer.prepare_keys(keys)
 
     def forward(
         self,
@@ -143,14 +122,39 @@ class PointerUnits(nn.Module):
         attention_mask: torch.Tensor,
         num_steps: int,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Run `num_steps` pointer updates; the only sequential loop of PANM.
+        """Run `num_steps` pointer updates (Eqs. 1-3); the only sequential loop of PANM.
+
+        Args:
+            pointers: `(batch, units, bits)` previous pointers `p_{t-1}`.
+            hidden: `(batch, units, hidden)` previous GRU states `h_{t-1}`.
+            address_bank: `(batch, slots, bits)`.
+            address_keys: `(batch, units, slots, hidden)` from `address_keys`.
+            attention_mask: `(batch, slots)` boolean.
 
         Returns:
             `(weights (batch, steps, units, slots), final pointers, final hidden)`.
         """
-        slot_mask = attention_mask.unsqueeze(1)  # (batch, 1, slots)
+        batch, units, slots, size = address_keys.shape
+        # Lay everything out unit-major once, so every step is a few batched matmuls with no copies.
+        keys = address_keys.transpose(0, 1).reshape(units * batch, slots, size)  # (units*batch, slots, hidden)
+        keys = keys.transpose(1, 2)  # (units*batch, hidden, slots)
+        bank = address_bank.unsqueeze(0).expand(units, -1, -1, -1)  # (units, batch, slots, bits)
+        bank = bank.reshape(units * batch, slots, -1)  # (units*batch, slots, bits)
+        mask = attention_mask.unsqueeze(0).expand(units, -1, -1)  # (units, batch, slots)
+        mask = mask.reshape(units * batch, 1, slots)  # (units*batch, 1, slots)
+        # -65504 (fp16's lowest) stays finite in fp16/bf16/fp32 and zeroes padded slots in the softmax.
+        mask_bias = torch.zeros(mask.shape, dtype=keys.dtype, device=keys.device).masked_fill(~mask, -65504.0)
+        pointers = pointers.transpose(0, 1).reshape(units, batch, -1)  # (units, batch, bits)
+        hidden = hidden.transpose(0, 1).reshape(units, batch, size)  # (units, batch, hidden)
         all_weights = []
         for _ in range(num_steps):
-            weights, pointers, hidden = self.step(pointers, hidden, address_bank, address_keys, slot_mask)
+            hidden = self.cell(pointers, hidden)  # (units, batch, hidden)
+            queries = self.scorer.prepare_queries(hidden)
+            queries = queries.reshape(units * batch, 1, size)  # (units*batch, 1, hidden)
+            scores = torch.baddbmm(mask_bias, queries, keys)  # (units*batch, 1, slots)
+            weights = torch.softmax(scores, dim=-1) * mask  # exact zeros on padding, even for all-padding rows
+            pointers = torch.bmm(weights, bank).reshape(units, batch, -1)  # (units, batch, bits)
             all_weights.append(weights)
-        return torch.stack(all_weights, dim=1), pointers, hidden
+        weights = torch.stack(all_weights, dim=1)  # (units*batch, steps, 1, slots)
+        weights = weights.reshape(units, batch, num_steps, slots)  # (units, batch, steps, slots)
+        return weights.permute(1, 2, 0, 3), pointers.transpose(0, 1), hidden.transpose(0, 1)

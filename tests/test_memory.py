@@ -156,3 +156,57 @@ def test_bf16_autocast_is_finite():
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out = memory(torch.randn(2, 5, 8), torch.randn(2, 3, 6))
     assert torch.isfinite(out.hidden_states.float()).all()
+
+
+def reference_pointer_units(units, pointers, hidden, bank, mask, num_steps):
+    """Eqs. 1-3 written plainly, one Pointer Unit at a time (the fused path must match it)."""
+    cell, mlp, scorer = units.cell, units.address_mlp, units.scorer
+    all_weights = []
+    for _ in range(num_steps):
+        new_pointers, new_hidden, step_weights = [], [], []
+        for h in range(units.num_pointer_units):
+            gates_i = pointers[:, h] @ cell.input_gates.weight[h] + cell.input_gates.bias[h]
+            gates_h = hidden[:, h] @ cell.hidden_gates.weight[h] + cell.hidden_gates.bias[h]
+            r_i, z_i, n_i = gates_i.chunk(3, -1)
+            r_h, z_h, n_h = gates_h.chunk(3, -1)
+            r, z = torch.sigmoid(r_i + r_h), torch.sigmoid(z_i + z_h)
+            h_new = (1 - z) * torch.tanh(n_i + r * n_h) + z * hidden[:, h]
+            key_hidden = torch.relu(bank @ mlp[0].weight[h] + mlp[0].bias[h])
+            keys = key_hidden @ mlp[2].weight[h] + mlp[2].bias[h]  # (batch, slots, hidden) = g^a_h(A)
+            if scorer.scoring == "cosine":
+                scores = torch.nn.functional.cosine_similarity(h_new.unsqueeze(1), keys, dim=-1)
+                scores = scores * scorer.inverse_temperature
+            else:
+                scores = (keys @ h_new.unsqueeze(-1)).squeeze(-1) / keys.shape[-1] ** 0.5
+            weights = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
+            new_pointers.append(weights.unsqueeze(1) @ bank)
+            new_hidden.append(h_new)
+            step_weights.append(weights)
+        pointers = torch.cat(new_pointers, dim=1)
+        hidden = torch.stack(new_hidden, dim=1)
+        all_weights.append(torch.stack(step_weights, dim=1))
+    return torch.stack(all_weights, dim=1), pointers, hidden
+
+
+@pytest.mark.parametrize("scoring", ["dot", "cosine"])
+def test_fused_pointer_units_match_the_plain_equations(scoring):
+    memory = tiny(scoring=scoring, num_pointer_units=3)
+    mask = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0]], dtype=torch.bool)
+    bound = memory.bind(torch.randn(2, 6, 8), mask, base_address=torch.tensor([7, 30]))
+    state = memory.initial_state(bound)
+    fused = memory.pointer_units(state.pointers, state.pointer_hidden, bound.address_bank,
+                                 bound.address_keys, mask, 4)
+    plain = reference_pointer_units(memory.pointer_units, state.pointers, state.pointer_hidden,
+                                    bound.address_bank, mask, 4)
+    for got, expected in zip(fused, plain):
+        assert got.shape == expected.shape
+        assert torch.allclose(got, expected, atol=1e-5)
+
+
+def test_bf16_all_padding_row_stays_finite():
+    memory = tiny()
+    mask = torch.tensor([[0, 0, 0], [1, 1, 0]])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = memory(torch.randn(2, 3, 8), torch.randn(2, 2, 6), attention_mask=mask, output_attentions=True)
+    assert torch.isfinite(out.hidden_states.float()).all()
+    assert torch.equal(out.address_attentions[0].float(), torch.zeros(2, 2, 3))
