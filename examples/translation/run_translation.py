@@ -1,0 +1,348 @@
+#!/usr/bin/env python
+"""Length generalisation in translation: Transformer vs Transformer + PANM on Multi30K (paper, Fig. 3b).
+
+The pooled data are sorted by source length; models train on the shortest `--split_ratio`
+and are tested on the longest rest. Both models share the backbone config, the tokenizer
+(trained here on the training split), the data and the training budget; the PANM model
+is the same backbone with PANM's Controller as its last decoder layer (`--placement
+replace`, the paper's setup, or `stack`). Reports test perplexity (per epoch and final)
+and sacreBLEU, writes them to `<output_dir>/results.json`, and with `--plot` draws the
+per-epoch test perplexity of both models.
+
+    python examples/translation/run_translation.py --data_dir ../shared/data/multi30k \
+        --output_dir runs/mt --model both --smoke
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import sacrebleu
+import torch
+from datasets import Dataset
+from length_split import TranslationPairs, length_split, load_hub_pairs, load_local_pairs, sample
+from local_tokenizer import train_tokenizer
+from transformers import (
+    AutoModelForSeq2SeqLM,
+    BartConfig,
+    DataCollatorForSeq2Seq,
+    HfArgumentParser,
+    MarianConfig,
+    PreTrainedModel,
+    Seq2SeqTrainer,
+    Seq2SeqTrainingArguments,
+    set_seed,
+)
+
+from panm_hf import PanmConfig, PanmForSeq2SeqLM
+
+MODELS = ("transformer", "panm")
+
+
+@dataclass
+class ModelArguments:
+    """Which models to train and how big they are."""
+
+    model: str = field(default="both", metadata={"help": "transformer, panm or both (same budget)."})
+    backbone: str = field(default="marian", metadata={"help": "marian (sinusoidal positions) or bart (learned)."})
+    num_layers: int = field(default=2, metadata={"help": "Transformer encoder and decoder layers (paper: 1-3)."})
+    d_model: int = field(default=256, metadata={"help": "Transformer hidden size."})
+    ffn_dim: int = field(default=512, metadata={"help": "Transformer feed-forward size."})
+    attention_heads: int = field(default=4, metadata={"help": "Attention heads per layer."})
+    dropout: float = field(default=0.1)
+    placement: str = field(default="replace", metadata={"help": "PANM placement: replace (paper) or stack."})
+    address_bits: int = field(default=10, metadata={"help": "PANM b: sources may have up to 2^b tokens."})
+    pointer_hidden_size: int = field(default=256)
+    controller_hidden_size: int = field(default=256)
+    mlp_hidden_size: int = field(default=128)
+    vocab_size: int = field(default=8000, metadata={"help": "Joint BPE vocabulary size of the local tokenizer."})
+
+
+@dataclass
+class DataArguments:
+    """Where the data come from and how they are split."""
+
+    data_dir: str | None = field(
+        default=None, metadata={"help": "Folder with {train,val,test_2016_flickr}.{en,de}.gz."}
+    )
+    dataset_name: str | None = field(default=None, metadata={"help": "Hub dataset instead of --data_dir (online)."})
+    dataset_config_name: str | None = field(default=None)
+    source_lang: str = field(default="en")
+    target_lang: str = field(default="de")
+    split_ratio: float = field(default=0.8, metadata={"help": "Train on this shortest fraction (paper: 0.8, 0.5)."})
+    max_pool_samples: int | None = field(default=None, metadata={"help": "Random subset of the pool before splitting."})
+    max_train_samples: int | None = field(default=None, metadata={"help": "Random subset of the training split."})
+    max_test_samples: int | None = field(default=None, metadata={"help": "Random subset of the test split."})
+    max_source_length: int = field(default=128)
+    max_target_length: int = field(default=128)
+    smoke: bool = field(default=False, metadata={"help": "Tiny slice and tiny models: a CI run in seconds."})
+    plot: bool = field(default=False, metadata={"help": "Plot test perplexity per epoch to test_perplexity.png."})
+
+
+SMOKE_OVERRIDES = {
+    "model": {"d_model": 32, "ffn_dim": 64, "attention_heads": 2, "num_layers": 2, "vocab_size": 400,
+              "pointer_hidden_size": 32, "controller_hidden_size": 32, "mlp_hidden_size": 32},
+    "data": {"max_pool_samples": 800, "max_test_samples": 48, "max_source_length": 48, "max_target_length": 48},
+    "training": {"num_train_epochs": 2, "per_device_train_batch_size": 32, "per_device_eval_batch_size": 48,
+                 "learning_rate": 3e-3, "warmup_steps": 0},
+}  # fmt: skip
+
+
+def apply_smoke(model_args: ModelArguments, data_args: DataArguments, training_args: Seq2SeqTrainingArguments):
+    """The smoke budget: settings that make one run take seconds on a CPU; flags given explicitly win."""
+    defaults = (ModelArguments(), DataArguments(), Seq2SeqTrainingArguments(output_dir="unused", report_to=[]))
+    for args, default, overrides in zip((model_args, data_args, training_args), defaults, SMOKE_OVERRIDES.values()):
+        for name, value in overrides.items():
+            if getattr(args, name) == getattr(default, name):
+                setattr(args, name, value)
+
+
+def validate(model_args: ModelArguments, data_args: DataArguments) -> None:
+    if model_args.model not in (*MODELS, "both"):
+        raise ValueError(f"--model must be one of {(*MODELS, 'both')} (got {model_args.model!r}).")
+    if model_args.backbone not in ("marian", "bart"):
+        raise ValueError(f"--backbone must be marian or bart (got {model_args.backbone!r}).")
+    if not 1 <= model_args.num_layers:
+        raise ValueError(f"--num_layers must be >= 1 (got {model_args.num_layers}).")
+    if model_args.placement == "replace" and model_args.num_layers < 2 and model_args.model != "transformer":
+        raise ValueError(
+            "--placement replace removes the last of --num_layers decoder layers, so it needs --num_layers >= 2; "
+            "use --placement stack for a 1-layer backbone."
+        )
+    if (data_args.data_dir is None) == (data_args.dataset_name is None):
+        raise ValueError("Give exactly one of --data_dir (local Multi30K files) or --dataset_name (Hub).")
+
+
+def backbone_config(model_args: ModelArguments, tokenizer, max_positions: int):
+    """A BART- or Marian-style encoder-decoder config built from the flags."""
+    common = dict(
+        vocab_size=len(tokenizer), d_model=model_args.d_model, encoder_layers=model_args.num_layers,
+        decoder_layers=model_args.num_layers, encoder_attention_heads=model_args.attention_heads,
+        decoder_attention_heads=model_args.attention_heads, encoder_ffn_dim=model_args.ffn_dim,
+        decoder_ffn_dim=model_args.ffn_dim, dropout=model_args.dropout, max_position_embeddings=max_positions,
+        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.bos_token_id, scale_embedding=True,
+    )  # fmt: skip
+    if model_args.backbone == "marian":
+        # Marian: the original Transformer (sinusoidal positions, post-LN); decoding starts from <pad>.
+        return MarianConfig(
+            decoder_vocab_size=len(tokenizer), decoder_start_token_id=tokenizer.pad_token_id,
+            share_encoder_decoder_embeddings=True, **common,
+        )  # fmt: skip
+    return BartConfig(decoder_start_token_id=tokenizer.eos_token_id, forced_eos_token_id=None, **common)
+
+
+def build_model(name: str, model_args: ModelArguments, config) -> PreTrainedModel:
+    if name == "transformer":
+        model = AutoModelForSeq2SeqLM.from_config(config)
+        # Marian/BART take **kwargs, so Trainer would hand them num_items_in_batch and rescale their
+        # (already token-averaged) loss; PanmForSeq2SeqLM opts out, and so does the baseline.
+        model.accepts_loss_kwargs = False
+        return model
+    panm_config = PanmConfig(
+        text_config=config.to_dict(),
+        placement=model_args.placement,
+        address_bits=model_args.address_bits,
+        pointer_hidden_size=model_args.pointer_hidden_size,
+        controller_hidden_size=model_args.controller_hidden_size,
+        mlp_hidden_size=model_args.mlp_hidden_size,
+    )
+    return PanmForSeq2SeqLM(panm_config)
+
+
+def tokenize(pairs: TranslationPairs, tokenizer, data_args: DataArguments) -> Dataset:
+    encoded = tokenizer(
+        pairs.sources,
+        text_target=pairs.targets,
+        max_length=data_args.max_source_length,
+        truncation=True,
+    )
+    labels = tokenizer(text_target=pairs.targets, max_length=data_args.max_target_length, truncation=True)
+    return Dataset.from_dict(
+        {"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"], "labels": labels["input_ids"]}
+    )
+
+
+def parameter_checksum(model: torch.nn.Module) -> tuple[float, float]:
+    """(sum of all parameters, sum over PANM's parameters): equal on every DDP rank iff they stay in sync."""
+    total = sum(float(p.detach().double().sum()) for p in model.parameters())
+    panm = sum(float(p.detach().double().sum()) for n, p in model.named_parameters() if n.startswith("panm."))
+    return total, panm
+
+
+def gather_checksums(model: torch.nn.Module) -> list[list[float]]:
+    checksum = list(parameter_checksum(model))
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return [checksum]
+    gathered: list = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(gathered, checksum)
+    return gathered
+
+
+def run_one(
+    name: str,
+    model_args: ModelArguments,
+    data_args: DataArguments,
+    training_args: Seq2SeqTrainingArguments,
+    tokenizer,
+    config,
+    train_dataset: Dataset,
+    test_dataset: Dataset,
+    test_pairs: TranslationPairs,
+) -> dict:
+    """Train one model, evaluate test perplexity every epoch, then translate the test set for BLEU."""
+    set_seed(training_args.seed)  # both models start from the same random stream
+    model = build_model(name, model_args, config)
+    num_beams = training_args.generation_num_beams or 1  # beams for the BLEU translations
+    max_length = training_args.generation_max_length or data_args.max_target_length
+    # Seq2SeqTrainer pads predictions to generation_config.max_length.
+    model.generation_config.max_length = max_length
+    model.generation_config.num_beams = num_beams
+    model_dir = os.path.join(training_args.output_dir, name)
+    args = Seq2SeqTrainingArguments(**{**training_args.to_dict(), "output_dir": model_dir})
+    args.predict_with_generate = False  # per-epoch evaluation: loss only; BLEU once at the end
+    trainer = Seq2SeqTrainer(
+        model=model,
+        args=args,
+        train_dataset=train_dataset,
+        eval_dataset=test_dataset,
+        data_collator=DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100),
+        processing_class=tokenizer,
+    )
+    start = time.time()
+    trainer.train()
+    train_seconds = time.time() - start
+    test_loss = trainer.evaluate()["eval_loss"]
+    epoch_perplexity = [
+        {"epoch": entry["epoch"], "test_perplexity": math.exp(entry["eval_loss"])}
+        for entry in trainer.state.log_history
+        if "eval_loss" in entry
+    ][:-1]  # the last entry is the final evaluate() above, already in test_perplexity
+
+    trainer.args.predict_with_generate = True
+    start = time.time()
+    prediction = trainer.predict(test_dataset, max_length=max_length, num_beams=num_beams)
+    generate_seconds = time.time() - start
+    token_ids = np.where(prediction.predictions >= 0, prediction.predictions, tokenizer.pad_token_id)
+    hypotheses = [text.strip() for text in tokenizer.batch_decode(token_ids, skip_special_tokens=True)]
+    bleu = sacrebleu.corpus_bleu(hypotheses, [test_pairs.targets])
+    checksums = gather_checksums(trainer.model)
+    if trainer.is_world_process_zero():
+        trainer.save_model(model_dir)  # saves the tokenizer too (processing_class)
+    return {
+        "test_perplexity": math.exp(test_loss),
+        "test_loss": test_loss,
+        "test_bleu": bleu.score,
+        "bleu_detail": str(bleu),
+        "epoch_perplexity": epoch_perplexity,
+        "num_parameters": sum(p.numel() for p in model.parameters()),
+        "train_seconds": round(train_seconds, 1),
+        "generate_seconds": round(generate_seconds, 1),
+        "examples": [{"source": s, "reference": r, "hypothesis": h} for s, r, h in
+                     zip(test_pairs.sources[:3], test_pairs.targets[:3], hypotheses[:3])],
+        "rank_checksums": checksums,
+        "ranks_in_sync": all(c == checksums[0] for c in checksums),
+    }  # fmt: skip
+
+
+def plot_perplexity(results: dict, path: str, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(5, 3.5))
+    for name, result in results.items():
+        points = result["epoch_perplexity"]
+        axis.plot([p["epoch"] for p in points], [p["test_perplexity"] for p in points], marker="o", label=name)
+    axis.set_xlabel("epoch")
+    axis.set_ylabel("test perplexity")
+    axis.set_title(title)
+    axis.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    if not torch.cuda.is_available() and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        # `accelerate launch --multi_gpu` on a machine without GPUs: Trainer needs use_cpu to pick
+        # gloo DDP over CPU processes; without it every process silently trains alone.
+        os.environ["ACCELERATE_USE_CPU"] = "true"
+    parser = HfArgumentParser((ModelArguments, DataArguments, Seq2SeqTrainingArguments))
+    if argv is None and len(sys.argv) == 2 and sys.argv[1].endswith(".json"):
+        model_args, data_args, training_args = parser.parse_json_file(os.path.abspath(sys.argv[1]))
+    else:
+        model_args, data_args, training_args = parser.parse_args_into_dataclasses(args=argv)
+    if data_args.smoke:
+        apply_smoke(model_args, data_args, training_args)
+    validate(model_args, data_args)
+    if torch.cuda.is_available() and torch.cuda.is_bf16_supported() and not training_args.fp16:
+        training_args.bf16 = True  # bf16 on GPU; CPU runs stay fp32
+    training_args.eval_strategy = "epoch"
+    training_args.save_strategy = "no"
+    set_seed(training_args.seed)
+
+    if data_args.data_dir is not None:
+        pairs = load_local_pairs(data_args.data_dir, data_args.source_lang, data_args.target_lang)
+    else:
+        pairs = load_hub_pairs(
+            data_args.dataset_name, data_args.dataset_config_name, data_args.source_lang, data_args.target_lang
+        )
+    pairs = sample(pairs, data_args.max_pool_samples, training_args.seed)
+    train_pairs, test_pairs = length_split(pairs, data_args.split_ratio)
+    train_pairs = sample(train_pairs, data_args.max_train_samples, training_args.seed)
+    test_pairs = sample(test_pairs, data_args.max_test_samples, training_args.seed)
+
+    tokenizer = train_tokenizer(train_pairs.sources + train_pairs.targets, model_args.vocab_size)
+    train_dataset = tokenize(train_pairs, tokenizer, data_args)
+    test_dataset = tokenize(test_pairs, tokenizer, data_args)
+    max_positions = max(data_args.max_source_length, data_args.max_target_length) + 2
+    config = backbone_config(model_args, tokenizer, max_positions)
+
+    names = MODELS if model_args.model == "both" else (model_args.model,)
+    results = {
+        name: run_one(
+            name, model_args, data_args, training_args, tokenizer, config, train_dataset, test_dataset, test_pairs
+        )
+        for name in names
+    }
+    summary = {
+        "split_ratio": data_args.split_ratio,
+        "num_layers": model_args.num_layers,
+        "placement": model_args.placement,
+        "num_train": len(train_pairs),
+        "num_test": len(test_pairs),
+        "max_train_source_words": max(len(s.split()) for s in train_pairs.sources),
+        "min_test_source_words": min(len(s.split()) for s in test_pairs.sources),
+        "world_size": training_args.world_size,
+        "model_args": asdict(model_args),
+        "data_args": asdict(data_args),
+        "num_train_epochs": training_args.num_train_epochs,
+        "learning_rate": training_args.learning_rate,
+        "per_device_train_batch_size": training_args.per_device_train_batch_size,
+        "results": results,
+    }
+    if training_args.process_index == 0:
+        os.makedirs(training_args.output_dir, exist_ok=True)
+        with open(os.path.join(training_args.output_dir, "results.json"), "w") as handle:
+            json.dump(summary, handle, indent=2)
+        if data_args.plot:
+            plot_perplexity(
+                results,
+                os.path.join(training_args.output_dir, "test_perplexity.png"),
+                f"Multi30K {data_args.source_lang}-{data_args.target_lang}, split {data_args.split_ratio}, "
+                f"{model_args.num_layers} layers",
+            )
+        for name, result in results.items():
+            print(f"{name}: test perplexity {result['test_perplexity']:.2f}, BLEU {result['test_bleu']:.2f}")
+    return summary
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,54 @@
+"""The translation example end to end on a tiny slice of Multi30K (the CI smoke budget)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "examples" / "translation" / "run_translation.py"
+DATA_DIR = ROOT.parent / "shared" / "data" / "multi30k"
+
+sys.path.insert(0, str(SCRIPT.parent))
+from length_split import TranslationPairs, length_split  # noqa: E402
+
+
+def test_length_split_trains_on_short_and_tests_on_long():
+    sources = ["a b c", "a", "a b c d e", "a b", "a b c d"]
+    pairs = TranslationPairs(sources, [s.upper() for s in sources])
+    train, test = length_split(pairs, 0.6)
+    assert train.sources == ["a", "a b", "a b c"]
+    assert test.sources == ["a b c d", "a b c d e"]
+    assert train.targets == ["A", "A B", "A B C"]  # pairs stay aligned
+    with pytest.raises(ValueError, match="split_ratio"):
+        length_split(pairs, 1.0)
+
+
+@pytest.mark.skipif(not DATA_DIR.is_dir(), reason="shared/data/multi30k is not available")
+def test_smoke_run_writes_finite_perplexity_and_bleu(tmp_path):
+    command = [
+        sys.executable, str(SCRIPT), "--data_dir", str(DATA_DIR), "--output_dir", str(tmp_path), "--model", "both",
+        "--smoke", "--max_pool_samples", "400", "--max_test_samples", "24", "--num_train_epochs", "1",
+        "--report_to", "none", "--disable_tqdm", "true",
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    completed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+
+    summary = json.loads((tmp_path / "results.json").read_text())
+    assert summary["num_train"] == 320 and summary["num_test"] == 24
+    assert summary["min_test_source_words"] >= summary["max_train_source_words"]
+    for name in ("transformer", "panm"):
+        result = summary["results"][name]
+        assert math.isfinite(result["test_perplexity"]) and result["test_perplexity"] > 1.0
+        assert isinstance(result["test_bleu"], float) and 0.0 <= result["test_bleu"] <= 100.0
+        assert len(result["epoch_perplexity"]) == 1
+        # the tokenizer trained here is saved with each model
+        assert (tmp_path / name / "tokenizer.json").exists() and (tmp_path / name / "config.json").exists()
+    assert summary["results"]["panm"]["num_parameters"] != summary["results"]["transformer"]["num_parameters"]
