@@ -4,13 +4,14 @@ Importing the package registers `PanmConfig` with `AutoConfig` and the PANM mode
 with their Auto classes.
 """
 
-from transformers import AutoConfig, AutoModelForSeq2SeqLM
+from transformers import AutoConfig, AutoModelForQuestionAnswering, AutoModelForSeq2SeqLM
 
 from .addressing import binary_codes, build_address_bank, sample_base_address
 from .cache_panm import PanmCache
 from .configuration_panm import PanmConfig
 from .memory import PanmMemory, PanmMemoryOutput
 from .modeling_panm import PanmForSeq2SeqLM, PanmPreTrainedModel, PanmSeq2SeqLMOutput
+from .modeling_panm_qa import BertWithPanmForQA, BertWithPanmForQuestionAnswering
 from .state import AddressedMemory, PanmState
 
 __version__ = "0.1.0"
@@ -19,9 +20,13 @@ AutoConfig.register("panm", PanmConfig, exist_ok=True)
 AutoModelForSeq2SeqLM.register(PanmConfig, PanmForSeq2SeqLM, exist_ok=True)
 PanmConfig.register_for_auto_class()
 PanmForSeq2SeqLM.register_for_auto_class("AutoModelForSeq2SeqLM")
+AutoModelForQuestionAnswering.register(PanmConfig, BertWithPanmForQuestionAnswering, exist_ok=True)
+BertWithPanmForQuestionAnswering.register_for_auto_class("AutoModelForQuestionAnswering")
 
 __all__ = [
     "AddressedMemory",
+    "BertWithPanmForQA",
+    "BertWithPanmForQuestionAnswering",
     "PanmCache",
     "PanmConfig",
     "PanmForSeq2SeqLM",
