@@ -100,6 +100,7 @@ class PointerUnits(nn.Module):
         self.scorer = AttentionScorer(
             scoring=scoring, dim=hidden_size, cosine_inverse_temperature=cosine_inverse_temperature
         )
+        self._compiled_step = None
 
     def address_keys(self, address_bank: torch.Tensor) -> torch.Tensor:
         """`g^a_h(A[n])` for every unit and slot, computed once per batch.
@@ -112,6 +113,37 @@ class PointerUnits(nn.Module):
         keys = self.address_mlp(rows)  # (units, batch*slots, hidden)
         keys = keys.unflatten(1, (batch, slots)).transpose(0, 1)  # (batch, units, slots, hidden)
         return self.scorer.prepare_keys(keys)
+
+    def step(
+        self,
+        pointers: torch.Tensor,
+        hidden: torch.Tensor,
+        keys: torch.Tensor,
+        bank: torch.Tensor,
+        mask: torch.Tensor,
+        mask_bias: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One update of all units, unit-major: `pointers (units, batch, bits)`, `hidden (units, batch, hidden)`.
+
+        `keys (units*batch, hidden, slots)`, `bank (units*batch, slots, bits)`, `mask`/`mask_bias
+        (units*batch, 1, slots)` are laid out once per call by `forward`.
+        """
+        units, batch, size = hidden.shape
+        hidden = self.cell(pointers, hidden)  # (units, batch, hidden)
+        queries = self.scorer.prepare_queries(hidden)
+        queries = queries.reshape(units * batch, 1, size)  # (units*batch, 1, hidden)
+        scores = torch.baddbmm(mask_bias, queries, keys)  # (units*batch, 1, slots)
+        weights = torch.softmax(scores, dim=-1) * mask  # exact zeros on padding, even for all-padding rows
+        pointers = torch.bmm(weights, bank).reshape(units, batch, -1)  # (units, batch, bits)
+        return weights, pointers, hidden
+
+    def compile_step(self, **compile_kwargs) -> None:
+        """Run each step through `torch.compile` (fuses the GRU gates and the masked softmax).
+
+        The loop itself stays in Python; the step is data-independent of memory content, so on GPU
+        `mode="reduce-overhead"` also captures it in a CUDA graph.
+        """
+        self._compiled_step = torch.compile(self.step, **compile_kwargs)
 
     def forward(
         self,
@@ -146,14 +178,10 @@ class PointerUnits(nn.Module):
         mask_bias = torch.zeros(mask.shape, dtype=keys.dtype, device=keys.device).masked_fill(~mask, -65504.0)
         pointers = pointers.transpose(0, 1).reshape(units, batch, -1)  # (units, batch, bits)
         hidden = hidden.transpose(0, 1).reshape(units, batch, size)  # (units, batch, hidden)
+        step = self._compiled_step or self.step
         all_weights = []
         for _ in range(num_steps):
-            hidden = self.cell(pointers, hidden)  # (units, batch, hidden)
-            queries = self.scorer.prepare_queries(hidden)
-            queries = queries.reshape(units * batch, 1, size)  # (units*batch, 1, hidden)
-            scores = torch.baddbmm(mask_bias, queries, keys)  # (units*batch, 1, slots)
-            weights = torch.softmax(scores, dim=-1) * mask  # exact zeros on padding, even for all-padding rows
-            pointers = torch.bmm(weights, bank).reshape(units, batch, -1)  # (units, batch, bits)
+            weights, pointers, hidden = step(pointers, hidden, keys, bank, mask, mask_bias)
             all_weights.append(weights)
         weights = torch.stack(all_weights, dim=1)  # (units*batch, steps, 1, slots)
         weights = weights.reshape(units, batch, num_steps, slots)  # (units, batch, steps, slots)

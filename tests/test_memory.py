@@ -210,3 +210,14 @@ def test_bf16_all_padding_row_stays_finite():
         out = memory(torch.randn(2, 3, 8), torch.randn(2, 2, 6), attention_mask=mask, output_attentions=True)
     assert torch.isfinite(out.hidden_states.float()).all()
     assert torch.equal(out.address_attentions[0].float(), torch.zeros(2, 2, 3))
+
+
+@pytest.mark.slow
+def test_compiled_pointer_step_matches_eager():
+    memory = tiny()
+    states, decoder = torch.randn(2, 5, 8), torch.randn(2, 4, 6)
+    eager = memory(states, decoder, output_attentions=True)
+    memory.pointer_units.compile_step()
+    compiled = memory(states, decoder, output_attentions=True)
+    assert torch.allclose(compiled.address_attentions, eager.address_attentions, atol=1e-5)
+    assert torch.allclose(compiled.hidden_states, eager.hidden_states, atol=1e-5)
