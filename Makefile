@@ -25,8 +25,8 @@ test-slow: setup  ## also the slow tests (real checkpoints, full example runs)
 lint: setup
 	$(PY) -m ruff check panm_hf tests examples
 
-demo: setup  ## the main job (until the length-generalisation demo lands: the quickstart)
-	$(PY) examples/quickstart.py
+demo: setup  ## the main job: PANM vs content attention, trained on Copy, tested on longer inputs
+	$(PY) examples/length_generalization/run.py
 
 quickstart: setup
 	$(PY) examples/quickstart.py

@@ -111,7 +111,7 @@ class PanmMemory(nn.Module):
         pointer_hidden_size: int = 256,
         controller_hidden_size: int = 256,
         mlp_hidden_size: int = 128,
-        scoring: str = "dot",
+        scoring: str = "cosine",
         cosine_inverse_temperature: float = 15.0,
         controller_init: str = "mean",
     ):

@@ -24,6 +24,23 @@ from panm_hf.tasks.algorithmic import (
     task_spec,
     tokens_to_symbols,
 )
+from panm_hf.tasks.harness import (
+    RunResult,
+    TrainConfig,
+    evaluate,
+    summarize,
+    train_and_evaluate,
+    write_results,
+)
+from panm_hf.tasks.models import (
+    MODEL_NAMES,
+    AlgorithmicModelOutput,
+    AttentionSeq2Seq,
+    LstmSeq2Seq,
+    PanmSeq2Seq,
+    TransformerSeq2Seq,
+    build_model,
+)
 
 __all__ = [
     "BASE_FEATURE_DIM",
@@ -48,4 +65,17 @@ __all__ = [
     "symbols_to_tokens",
     "task_spec",
     "tokens_to_symbols",
+    "MODEL_NAMES",
+    "AlgorithmicModelOutput",
+    "AttentionSeq2Seq",
+    "LstmSeq2Seq",
+    "PanmSeq2Seq",
+    "TransformerSeq2Seq",
+    "build_model",
+    "RunResult",
+    "TrainConfig",
+    "evaluate",
+    "summarize",
+    "train_and_evaluate",
+    "write_results",
 ]

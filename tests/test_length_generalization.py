@@ -1,0 +1,129 @@
+"""Tests for the length-generalisation suite: models, harness and the demo script."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from panm_hf.tasks import make_batch, task_spec
+from panm_hf.tasks.harness import RunResult, evaluate, load_results, sequence_loss, summarize, token_counts
+from panm_hf.tasks.models import MODEL_NAMES, build_model
+
+TINY = {
+    "panm": dict(memory_dim=16, pointer_hidden_size=16, controller_hidden_size=32, mlp_hidden_size=16),
+    "lstm": dict(hidden_size=32),
+    "content": dict(memory_dim=16, hidden_size=32),
+    "location": dict(memory_dim=16, hidden_size=32, max_slots=16),
+    "transformer": dict(d_model=16, num_heads=2, num_layers=1, feedforward_size=32),
+}
+RUN_PY = Path(__file__).resolve().parents[1] / "examples" / "length_generalization" / "run.py"
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    # Tiny models are overhead-bound; several threads on a shared 2-core box only contend.
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+def _batch(task: str = "copy", size: int = 4, length=(2, 5), seed: int = 0):
+    return make_batch(task, size, length, generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("name", MODEL_NAMES)
+@pytest.mark.parametrize("task", ["copy", "drecall", "idsort"])
+def test_output_shapes(name, task):
+    torch.manual_seed(0)
+    model = build_model(name, task_spec(task).feature_dim, **TINY[name])
+    batch = _batch(task)
+    out = model(batch.inputs, batch.attention_mask, batch.labels.shape[1])
+    assert out.logits.shape == (*batch.labels.shape, 10)
+    assert torch.isfinite(out.logits).all()
+
+
+def test_panm_address_attention_shape_and_mass():
+    torch.manual_seed(0)
+    model = build_model("panm", 12, **TINY["panm"]).eval()
+    batch = _batch(length=(2, 5))  # right-padded: 7 slots, shorter samples padded
+    out = model(batch.inputs, batch.attention_mask, batch.labels.shape[1], output_attentions=True)
+    weights = out.address_attentions
+    assert weights.shape == (4, batch.labels.shape[1], 2, batch.inputs.shape[1])  # (batch, steps, H^a, slots)
+    mask = batch.attention_mask.bool()[:, None, None, :]
+    torch.testing.assert_close(weights.sum(-1), torch.ones(weights.shape[:-1]))
+    assert (weights.masked_select(~mask.expand_as(weights)) == 0).all()
+
+
+def test_padding_does_not_change_panm_outputs():
+    torch.manual_seed(0)
+    model = build_model("panm", 12, **TINY["panm"]).eval()
+    batch = _batch(length=(2, 5), seed=3)
+    full = model(batch.inputs, batch.attention_mask, batch.labels.shape[1]).logits
+    shortest = int(batch.attention_mask.sum(-1).argmin())
+    slots = int(batch.attention_mask[shortest].sum())
+    steps = int((batch.labels[shortest] != -100).sum())
+    alone = model(
+        batch.inputs[shortest : shortest + 1, :slots], batch.attention_mask[shortest : shortest + 1, :slots], steps
+    )
+    torch.testing.assert_close(alone.logits[0], full[shortest, :steps], atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["panm", "content"])
+def test_tiny_model_overfits_one_batch(name):
+    torch.manual_seed(0)
+    model = build_model(name, 12, **TINY[name])
+    batch = _batch(size=8, length=4, seed=1)
+    optimizer = torch.optim.Adam(model.parameters(), lr=2e-2)
+    model.eval()  # fixed base address 0, so the batch is exactly the same every step
+    for _ in range(60):
+        loss = sequence_loss(model(batch.inputs, batch.attention_mask, 4).logits, batch.labels)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    assert loss.item() < 0.1
+    assert evaluate(model, [batch]) == 100.0
+
+
+def test_token_counts_and_summary():
+    logits = torch.zeros(1, 3, 10)
+    logits[0, 0, 2] = logits[0, 1, 5] = logits[0, 2, 7] = 1.0
+    assert token_counts(logits, torch.tensor([[2, 4, -100]])) == (1, 2)
+    runs = [
+        RunResult("copy", "panm", seed, 10, 10, 100.0, {9: acc, 80: 10.0}, 5, 1.0)
+        for seed, acc in ((0, 90.0), (1, 100.0))
+    ]
+    stats = summarize(runs)["copy"]["panm"]
+    assert stats["mean"] == {9: 95.0, 80: 10.0}
+    assert stats["std"] == {9: 5.0, 80: 0.0}
+
+
+def test_bad_inputs_raise_value_error():
+    with pytest.raises(ValueError, match="name"):
+        build_model("ntm", 12)
+    model = build_model("location", 12, **TINY["location"])
+    batch = _batch(length=20)
+    with pytest.raises(ValueError, match="max_slots"):
+        model(batch.inputs, batch.attention_mask, 20)
+
+
+def test_demo_smoke_writes_pngs_and_results(tmp_path):
+    spec = importlib.util.spec_from_file_location("length_generalization_run", RUN_PY)
+    run = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(run)
+    summary = run.main(["--smoke", "--no-progress", "--output-dir", str(tmp_path)])
+    assert set(summary["copy"]) == {"panm", "content"}
+    assert list(summary["copy"]["panm"]["mean"]) == [9, 10, 20, 40, 80]
+    for name in ("accuracy_vs_length.png", "pointer_attention.png"):
+        data = (tmp_path / name).read_bytes()
+        assert data[:8] == PNG_MAGIC and len(data) > 1000
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert {run["model"] for run in saved["runs"]} == {"panm", "content"}
+    reloaded = summarize(load_results(tmp_path / "results.json"))
+    assert reloaded["copy"]["panm"]["mean"] == summary["copy"]["panm"]["mean"]
+    assert "| panm |" in (tmp_path / "results.md").read_text()
