@@ -31,9 +31,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--task", default="copy", choices=(*TASKS, "all"))
     parser.add_argument("--models", nargs="+", default=["panm", "content"], choices=MODEL_NAMES)
-    parser.add_argument("--steps", type=int, default=400, help="optimiser steps per run")
+    parser.add_argument("--steps", type=int, default=1000, help="optimiser steps per run")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
-    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--eval-every", type=int, default=50, help="steps between validations at L+1")
     parser.add_argument("--eval-samples", type=int, default=256, help="samples per validation/test length")
@@ -44,7 +44,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--controller-init", choices=("mean", "sum"), default=None)
     parser.add_argument("--device", default="cpu")
     parser.add_argument(
-        "--threads", type=int, default=1, help="torch CPU threads (1 is fastest on a shared 2-core box)"
+        "--threads", type=int, default=2, help="torch CPU threads (use 1 on a box shared with other jobs)"
     )
     parser.add_argument("--output-dir", default="outputs/length_generalization")
     parser.add_argument("--no-progress", action="store_true", help="hide the tqdm bar")
