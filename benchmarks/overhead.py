@@ -1,0 +1,266 @@
+"""PANM's overhead against its backbone: training throughput, peak memory, generation, scaling.
+
+Every comparison builds the backbone alone and the backbone with PANM in one process and
+times them interleaved (backbone step, PANM step, backbone step, ...) after a warm-up, so
+machine load hits both alike; figures are medians. Ratios are PANM / backbone.
+
+    python benchmarks/overhead.py                       # all sections, CPU-sized repeats
+    python benchmarks/overhead.py --device cuda --repeats 50
+    python benchmarks/overhead.py --sections train --cases seq2seq
+
+Cases (issue "Performance"):
+  lstm     the algorithmic Copy model: PANM-LSTM vs the LSTM seq2seq baseline (L=10, batch 128)
+  seq2seq  a Multi30K-sized Transformer (BART config, 3+3 layers, d_model 512, vocab 8000,
+           batch 32 x 24 tokens) vs the same with PANM, placements "stack" and "replace"
+  qa       BERT-base-sized QA at sequence length 384 vs BertWithPanmForQuestionAnswering
+Peak memory: CUDA's max_memory_allocated on GPU; on CPU the rise of the process's peak RSS
+over one training step, measured in a fresh subprocess per model (CPU RSS is coarse).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+from transformers import BartConfig, BartForConditionalGeneration, BertConfig, BertForQuestionAnswering
+
+from panm_hf import PanmConfig, PanmForSeq2SeqLM
+from panm_hf.modeling_panm_qa import BertWithPanmForQuestionAnswering
+from panm_hf.tasks import build_model, make_batch, task_spec
+
+SEQ2SEQ = dict(vocab_size=8000, d_model=512, encoder_layers=3, decoder_layers=3, encoder_attention_heads=8,
+               decoder_attention_heads=8, encoder_ffn_dim=2048, decoder_ffn_dim=2048, max_position_embeddings=1024,
+               dropout=0.1)
+
+
+# -- model/batch builders: each returns (model, batch, step_tokens, loss_fn) ---------------------------
+def build_case(case: str, variant: str, device: str, src_len: int | None = None, tgt_len: int | None = None):
+    torch.manual_seed(0)
+    if case == "lstm":
+        spec = task_spec("copy")
+        length = src_len or 10
+        model = build_model("panm" if variant == "panm" else "lstm", spec.feature_dim)
+        batch = make_batch("copy", 128, length, generator=torch.Generator().manual_seed(0)).to(device)
+        steps = tgt_len or batch.labels.shape[1]
+
+        def loss_fn(m):
+            logits = m(batch.inputs, batch.attention_mask, steps).logits
+            return torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch.labels[:, :steps].flatten(),
+                                                     ignore_index=-100)
+
+        return model.to(device), loss_fn, 128 * steps
+    if case == "seq2seq":
+        config = BartConfig(**SEQ2SEQ)
+        model = (BartForConditionalGeneration(config) if variant == "backbone"
+                 else PanmForSeq2SeqLM(PanmConfig(text_config=config, placement=variant.split("-")[1])))
+        generator = torch.Generator().manual_seed(0)
+        src, tgt = src_len or 24, tgt_len or 24
+        inputs = {"input_ids": torch.randint(4, 8000, (32, src), generator=generator).to(device),
+                  "labels": torch.randint(4, 8000, (32, tgt), generator=generator).to(device)}
+        return model.to(device), lambda m: m(**inputs).loss, 32 * tgt
+    if case == "qa":
+        config = BertConfig(max_position_embeddings=512)
+        model = (BertForQuestionAnswering(config) if variant == "backbone"
+                 else BertWithPanmForQuestionAnswering(PanmConfig(text_config=config)))
+        generator = torch.Generator().manual_seed(0)
+        batch_size, seq = (8 if device == "cuda" else 2), (src_len or 384)
+        inputs = {"input_ids": torch.randint(1000, 30000, (batch_size, seq), generator=generator).to(device),
+                  "start_positions": torch.randint(0, seq, (batch_size,), generator=generator).to(device),
+                  "end_positions": torch.randint(0, seq, (batch_size,), generator=generator).to(device)}
+        return model.to(device), lambda m: m(**inputs).loss, batch_size * seq
+    raise ValueError(f"unknown case {case!r}")
+
+
+VARIANTS = {"lstm": ["backbone", "panm"], "seq2seq": ["backbone", "panm-stack", "panm-replace"],
+            "qa": ["backbone", "panm"]}
+
+
+def sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def train_step(model, loss_fn, optimizer) -> None:
+    loss = loss_fn(model)
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def time_interleaved(runs: dict, repeats: int, warmup: int, device: str) -> dict:
+    """`runs`: name -> zero-arg callable. Returns name -> median seconds."""
+    for _ in range(warmup):
+        for fn in runs.values():
+            fn()
+    times = {name: [] for name in runs}
+    for _ in range(repeats):
+        for name, fn in runs.items():
+            sync(device)
+            start = time.perf_counter()
+            fn()
+            sync(device)
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+def bench_train(case: str, args) -> dict:
+    runs, tokens = {}, {}
+    for variant in VARIANTS[case]:
+        model, loss_fn, step_tokens = build_case(case, variant, args.device)
+        model.train()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        runs[variant] = (lambda m=model, f=loss_fn, o=optimizer: train_step(m, f, o))
+        tokens[variant] = step_tokens
+    medians = time_interleaved(runs, args.repeats, args.warmup, args.device)
+    result = {}
+    for variant, seconds in medians.items():
+        result[variant] = {"step_s": seconds, "tokens_per_s": tokens[variant] / seconds,
+                           "peak_memory_mb": peak_memory(case, variant, args)}
+    base = result["backbone"]
+    for row in result.values():
+        row["throughput_ratio"] = row["tokens_per_s"] / base["tokens_per_s"]
+        if row["peak_memory_mb"] and base["peak_memory_mb"]:
+            row["memory_ratio"] = row["peak_memory_mb"] / base["peak_memory_mb"]
+    return result
+
+
+def peak_memory(case: str, variant: str, args) -> float | None:
+    if args.device == "cuda":
+        model, loss_fn, _ = build_case(case, variant, "cuda")
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        train_step(model, loss_fn, optimizer)  # optimizer state allocated
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        train_step(model, loss_fn, optimizer)
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() / 2**20
+    probe = subprocess.run([sys.executable, __file__, "--memory-probe", case, variant], capture_output=True,
+                           text=True, check=True)
+    return float(probe.stdout.strip().splitlines()[-1])
+
+
+def memory_probe(case: str, variant: str) -> None:
+    """CPU: peak-RSS rise (MB) over a training step after a first step allocated the optimizer state."""
+    model, loss_fn, _ = build_case(case, variant, "cpu")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    train_step(model, loss_fn, optimizer)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    for _ in range(2):
+        train_step(model, loss_fn, optimizer)
+    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    params_mb = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20
+    # parameters + grads + Adam moments + the step's transient peak
+    print(4 * params_mb + (after - before) / 1024)
+
+
+def bench_generate(args) -> dict:
+    config = BartConfig(**{**SEQ2SEQ, "dropout": 0.0})
+    torch.manual_seed(0)
+    backbone = BartForConditionalGeneration(config).to(args.device).eval()
+    panm = PanmForSeq2SeqLM(PanmConfig(text_config=config, placement="replace")).to(args.device).eval()
+    generator = torch.Generator().manual_seed(0)
+    input_ids = torch.randint(4, 8000, (args.gen_batch, 24), generator=generator).to(args.device)
+    result = {}
+    for beams in (1, 4):
+        kwargs = dict(max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens, num_beams=beams,
+                      do_sample=False)
+
+        def run(model, kwargs=kwargs):
+            with torch.no_grad():
+                model.generate(input_ids, **kwargs)
+
+        medians = time_interleaved({"backbone": lambda: run(backbone), "panm": lambda: run(panm)},
+                                   args.gen_repeats, 1, args.device)
+        tokens = args.gen_batch * args.new_tokens
+        name = "greedy" if beams == 1 else f"beam{beams}"
+        result[name] = {variant: {"tokens_per_s": tokens / s, "ms_per_token": 1000 * s / args.new_tokens}
+                        for variant, s in medians.items()}
+        result[name]["per_token_time_ratio"] = medians["panm"] / medians["backbone"]
+    return result
+
+
+def bench_scaling(args) -> dict:
+    """PANM's share of a training step as the input length L and output length T grow (to 8x)."""
+    curve = []
+    for factor in (1, 2, 4, 8):
+        length = 10 * factor
+        runs = {}
+        for variant in VARIANTS["lstm"]:
+            model, loss_fn, _ = build_case("lstm", variant, args.device, src_len=length)
+            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+            runs[variant] = (lambda m=model, f=loss_fn, o=optimizer: train_step(m, f, o))
+        medians = time_interleaved(runs, max(3, args.repeats // 2), 1, args.device)
+        curve.append({"case": "lstm", "L": length, "T": length, "backbone_step_s": medians["backbone"],
+                      "panm_step_s": medians["panm"], "ratio": medians["backbone"] / medians["panm"]})
+        print(f"  scaling lstm L=T={length}: backbone {medians['backbone'] * 1e3:.1f} ms, "
+              f"panm {medians['panm'] * 1e3:.1f} ms", flush=True)
+    for factor in (1, 2, 4, 8):
+        src, tgt = 24 * factor, 24 * factor
+        runs = {}
+        for variant in ("backbone", "panm-replace"):
+            model, loss_fn, _ = build_case("seq2seq", variant, args.device, src_len=src, tgt_len=tgt)
+            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+            runs[variant] = (lambda m=model, f=loss_fn, o=optimizer: train_step(m, f, o))
+        medians = time_interleaved(runs, max(3, args.repeats // 2), 1, args.device)
+        curve.append({"case": "seq2seq", "L": src, "T": tgt, "backbone_step_s": medians["backbone"],
+                      "panm_step_s": medians["panm-replace"],
+                      "ratio": medians["backbone"] / medians["panm-replace"]})
+        print(f"  scaling seq2seq L=T={src}: backbone {medians['backbone'] * 1e3:.1f} ms, "
+              f"panm {medians['panm-replace'] * 1e3:.1f} ms", flush=True)
+    return {"curve": curve}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--sections", default="train,generate,scaling")
+    parser.add_argument("--cases", default="lstm,seq2seq,qa")
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--gen-batch", type=int, default=4)
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--gen-repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    parser.add_argument("--output", default="docs/results/overhead.json")
+    parser.add_argument("--memory-probe", nargs=2, metavar=("CASE", "VARIANT"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.memory_probe:
+        memory_probe(*args.memory_probe)
+        return
+
+    report = {"device": torch.cuda.get_device_name() if args.device == "cuda" else platform.processor() or "cpu",
+              "threads": torch.get_num_threads(), "torch": torch.__version__, "command": " ".join(sys.argv)}
+    sections = args.sections.split(",")
+    if "train" in sections:
+        report["train"] = {}
+        for case in args.cases.split(","):
+            report["train"][case] = bench_train(case, args)
+            for variant, row in report["train"][case].items():
+                print(f"train {case:8s} {variant:13s} {row['tokens_per_s']:10.0f} tok/s  "
+                      f"ratio {row['throughput_ratio']:.3f}  peak {row['peak_memory_mb'] or 0:8.1f} MB  "
+                      f"mem ratio {row.get('memory_ratio', float('nan')):.3f}", flush=True)
+    if "generate" in sections:
+        report["generate"] = bench_generate(args)
+        for name, row in report["generate"].items():
+            print(f"generate {name:7s} backbone {row['backbone']['tokens_per_s']:8.1f} tok/s  "
+                  f"panm {row['panm']['tokens_per_s']:8.1f} tok/s  per-token time ratio "
+                  f"{row['per_token_time_ratio']:.3f}", flush=True)
+    if "scaling" in sections:
+        report["scaling"] = bench_scaling(args)
+    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.output).write_text(json.dumps(report, indent=2))
+    print(f"wrote {args.output}")
+
+
+if __name__ == "__main__":
+    main()
