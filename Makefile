@@ -23,7 +23,7 @@ test-slow: setup  ## also the slow tests (real checkpoints, full example runs)
 	$(PY) -m pytest -m "slow or not slow"
 
 lint: setup
-	$(PY) -m ruff check panm_hf tests examples
+	$(PY) -m ruff check panm_hf tests examples benchmarks
 
 demo: setup  ## the main job: PANM vs content attention, trained on Copy, tested on longer inputs
 	$(PY) examples/length_generalization/run.py

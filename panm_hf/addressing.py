@@ -57,3 +57,44 @@ def build_address_bank(base_address: torch.Tensor, num_slots: int, bits: int) ->
         `(base_address[i] + j) mod 2^bits`.
     """
     return binary_codes(slot_addresses(base_address, num_slots, bits), bits)
+
+
+def sample_distractor_addresses(
+    base_address: torch.Tensor,
+    lengths: torch.Tensor,
+    num_slots: int,
+    count: int,
+    bits: int,
+    *,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor | None:
+    """Training-time distractor addresses (beyond the paper: `PanmConfig.address_distractors`).
+
+    Each distractor is a real slot's address plus a nonzero multiple of `2^k`, the
+    smallest power of two covering the memory: `(p_B + j + m 2^k) mod 2^b` with `j` a
+    random real slot and `m` uniform in `[1, 2^(b-k))`. It shares the low `k` bits
+    with a real address and differs above, and never equals one (`|j - i| < 2^k`), so
+    a Pointer Unit that keeps weight on it must tell the high bits apart: every
+    period of the code matters, not only the short ones a training window can see.
+
+    Args:
+        base_address: `(batch,)` long `p_B`.
+        lengths: `(batch,)` long number of real slots.
+        num_slots: padded memory length.
+        count: distractors per sample.
+        bits: `b`.
+        generator: optional torch.Generator for reproducible draws.
+
+    Returns:
+        `(batch, count)` long addresses, or None when `2^k` already fills the address space.
+    """
+    low_bits = max(1, (num_slots - 1).bit_length())  # 2^low_bits >= num_slots
+    if low_bits >= bits:
+        return None
+    batch = base_address.shape[0]
+    gen_device = generator.device if generator is not None else base_address.device
+    fractions = torch.rand(batch, count, generator=generator, device=gen_device).to(base_address.device)
+    slot = (fractions * lengths.clamp(min=1).unsqueeze(-1)).long()  # (batch, count) a real slot
+    multiple = torch.randint(1, 2 ** (bits - low_bits), (batch, count), generator=generator, device=gen_device)
+    offsets = slot + multiple.to(base_address.device) * 2**low_bits  # (batch, count)
+    return (base_address.unsqueeze(-1) + offsets) % (2**bits)

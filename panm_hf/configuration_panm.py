@@ -57,6 +57,18 @@ class PanmConfig(PreTrainedConfig):
             last decoder layer through a zero-initialised residual (a freshly wrapped pretrained
             model is exactly the backbone); `"replace"` replaces the last decoder layer, the
             paper's setup that keeps the parameter count.
+        pointer_update (`str`, *optional*, defaults to `"attention"`):
+            how a Pointer Unit moves its pointer. `"attention"` is the paper's Eq. 2. `"shift"` (beyond
+            the paper) mixes it, through a learned gate, with content-free pointer arithmetic: the
+            previous address attention shifted by a learned distribution over steps `-K..K` and
+            sharpened (`panm_hf.pointer_arithmetic`). Measured on the algorithmic suite in
+            docs/RESULTS.md ("Beyond the paper").
+        shift_range (`int`, *optional*, defaults to 1):
+            `K`, the largest step of `pointer_update="shift"`.
+        address_distractors (`int`, *optional*, defaults to 0):
+            beyond the paper: in training, this many distractor addresses per sample (a real address
+            plus a multiple of the smallest power of two covering the input) join the address bank the
+            Pointer Units attend over; weight put on them reads nothing. 0 disables; no effect in eval.
     """
 
     model_type = "panm"
@@ -73,6 +85,9 @@ class PanmConfig(PreTrainedConfig):
     cosine_inverse_temperature: float | int = 15.0
     controller_init: str = "mean"
     placement: str = "stack"
+    pointer_update: str = "attention"
+    shift_range: int = 1
+    address_distractors: int = 0
     pad_token_id: int | None = None
     bos_token_id: int | None = None
     eos_token_id: int | list[int] | None = None
@@ -97,6 +112,9 @@ class PanmConfig(PreTrainedConfig):
             num_mode2_heads=self.num_mode2_heads,
             scoring=self.scoring,
             controller_init=self.controller_init,
+            pointer_update=self.pointer_update,
+            shift_range=self.shift_range,
+            address_distractors=self.address_distractors,
         )
         if self.placement not in PLACEMENTS:
             raise ValueError(f"placement={self.placement!r} is not supported; choose one of {PLACEMENTS}.")
@@ -117,6 +135,9 @@ class PanmConfig(PreTrainedConfig):
             "scoring": self.scoring,
             "cosine_inverse_temperature": float(self.cosine_inverse_temperature),
             "controller_init": self.controller_init,
+            "pointer_update": self.pointer_update,
+            "shift_range": self.shift_range,
+            "address_distractors": self.address_distractors,
         }
 
 

@@ -15,9 +15,10 @@ import torch
 from einops import rearrange
 from torch import nn
 
-from .addressing import binary_codes, sample_base_address
+from .addressing import binary_codes, sample_base_address, sample_distractor_addresses
 from .attention import SCORINGS
 from .controller import CONTROLLER_INITS, Controller
+from .pointer_arithmetic import POINTER_UPDATES
 from .pointer_unit import PointerUnits
 from .reads import Mode2Reader, mode1_read
 from .state import AddressedMemory, PanmState
@@ -49,6 +50,9 @@ def validate_panm_hyperparameters(
     num_mode2_heads: int,
     scoring: str,
     controller_init: str,
+    pointer_update: str = "attention",
+    shift_range: int = 1,
+    address_distractors: int = 0,
 ) -> None:
     """Raise ValueError naming the field when a PANM hyperparameter is out of range."""
     if not isinstance(address_bits, int) or address_bits < 1:
@@ -66,6 +70,20 @@ def validate_panm_hyperparameters(
         raise ValueError(f"scoring={scoring!r} is not supported; choose one of {SCORINGS}.")
     if controller_init not in CONTROLLER_INITS:
         raise ValueError(f"controller_init={controller_init!r} is not supported; choose one of {CONTROLLER_INITS}.")
+    if pointer_update not in POINTER_UPDATES:
+        raise ValueError(
+            f"pointer_update={pointer_update!r} is not supported; choose one of {POINTER_UPDATES} "
+            '("attention" is the paper\'s Pointer Unit).'
+        )
+    if not isinstance(shift_range, int) or shift_range < 1:
+        raise ValueError(f"shift_range must be an integer >= 1 (got {shift_range!r}); 1 allows steps -1, 0, +1.")
+    if not isinstance(address_distractors, int) or address_distractors < 0:
+        raise ValueError(f"address_distractors must be an integer >= 0 (got {address_distractors!r}); 0 disables.")
+    if pointer_update == "shift" and address_distractors > 0:
+        raise ValueError(
+            'pointer_update="shift" moves pointers over consecutive slots and cannot be combined with '
+            "address_distractors; set address_distractors=0 or pointer_update=\"attention\"."
+        )
 
 
 def initial_pointer_offsets(lengths: torch.Tensor, num_pointer_units: int) -> torch.Tensor:
@@ -97,6 +115,12 @@ class PanmMemory(nn.Module):
         scoring: `"dot"` or `"cosine"` attention scoring.
         cosine_inverse_temperature: initial inverse temperature of `"cosine"` scoring.
         controller_init: `"mean"` or `"sum"` of the real memory slots for `h^c_0`.
+        pointer_update: `"attention"` (the paper) or `"shift"` (beyond the paper: attention mixed with
+            content-free pointer arithmetic, `panm_hf.pointer_arithmetic`).
+        shift_range: `K`, the largest step of `"shift"`.
+        address_distractors: beyond the paper: in training, this many distractor addresses per sample
+            join the address bank the Pointer Units attend over (`sample_distractor_addresses`);
+            weight put on them reads nothing. 0 (default) disables; no effect in eval mode.
     """
 
     def __init__(
@@ -114,6 +138,9 @@ class PanmMemory(nn.Module):
         scoring: str = "cosine",
         cosine_inverse_temperature: float = 15.0,
         controller_init: str = "mean",
+        pointer_update: str = "attention",
+        shift_range: int = 1,
+        address_distractors: int = 0,
     ):
         super().__init__()
         validate_panm_hyperparameters(
@@ -122,7 +149,11 @@ class PanmMemory(nn.Module):
             num_mode2_heads=num_mode2_heads,
             scoring=scoring,
             controller_init=controller_init,
+            pointer_update=pointer_update,
+            shift_range=shift_range,
+            address_distractors=address_distractors,
         )
+        self.address_distractors = address_distractors
         self.memory_dim = memory_dim
         self.decoder_input_size = decoder_input_size
         self.address_bits = address_bits
@@ -135,6 +166,8 @@ class PanmMemory(nn.Module):
             mlp_hidden_size=mlp_hidden_size,
             scoring=scoring,
             cosine_inverse_temperature=cosine_inverse_temperature,
+            pointer_update=pointer_update,
+            shift_range=shift_range,
         )
         self.mode2_reader = (
             Mode2Reader(
@@ -218,15 +251,25 @@ class PanmMemory(nn.Module):
             base_address = base_address.long() % self.max_slots
         positions = (mask.long().cumsum(dim=-1) - 1).clamp(min=0)  # (batch, slots) rank among real slots
         addresses = (base_address.unsqueeze(-1) + positions) % self.max_slots  # (batch, slots)
+        lengths = mask.sum(dim=-1)
+        address_mask = None
+        if self.training and self.address_distractors > 0:
+            distractors = sample_distractor_addresses(
+                base_address, lengths, num_slots, self.address_distractors, self.address_bits, generator=generator
+            )  # (batch, distractors) or None when no address is left over
+            if distractors is not None:
+                addresses = torch.cat([addresses, distractors], dim=-1)  # (batch, slots + distractors)
+                address_mask = torch.cat([mask, torch.ones_like(distractors, dtype=torch.bool)], dim=-1)
         param_dtype = self.controller.initial_state.weight.dtype
-        address_bank = binary_codes(addresses, self.address_bits).to(param_dtype)  # (batch, slots, bits)
+        address_bank = binary_codes(addresses, self.address_bits).to(param_dtype)  # (batch, bank, bits)
         return AddressedMemory(
             memory_states=memory_states,
             attention_mask=mask,
             address_bank=address_bank,
             address_keys=self.pointer_units.address_keys(address_bank),
             base_address=base_address,
-            lengths=mask.sum(dim=-1),
+            lengths=lengths,
+            address_mask=address_mask,
         )
 
     def initial_state(self, memory: AddressedMemory) -> PanmState:
@@ -238,7 +281,15 @@ class PanmMemory(nn.Module):
             memory.address_keys.shape[0], self.num_pointer_units, self.pointer_units.hidden_size
         )
         controller_hidden = self.controller.initial_hidden(memory.memory_states, memory.attention_mask)
-        return PanmState(pointer_hidden=pointer_hidden, pointers=pointers, controller_hidden=controller_hidden)
+        # One-hot at the slot holding each start address (whatever the padding side).
+        matches = (memory.address_bank.unsqueeze(1) == pointers.unsqueeze(2)).all(dim=-1)  # (batch, units, bank)
+        pointer_weights = (matches & memory.pointer_mask.unsqueeze(1)).to(pointers.dtype)  # (batch, units, bank)
+        return PanmState(
+            pointer_hidden=pointer_hidden,
+            pointers=pointers,
+            controller_hidden=controller_hidden,
+            pointer_weights=pointer_weights,
+        )
 
     def forward(
         self,
@@ -290,9 +341,13 @@ class PanmMemory(nn.Module):
             state.pointer_hidden,
             memory.address_bank,
             memory.address_keys,
-            memory.attention_mask,
+            memory.pointer_mask,
             num_steps,
-        )  # (batch, steps, units, slots)
+            previous_weights=state.pointer_weights,
+        )  # (batch, steps, units, bank)
+        last_weights = address_weights[:, -1]  # (batch, units, bank)
+        # Distractor addresses (training only) follow the slots in the bank and bind no memory.
+        address_weights = address_weights[..., : memory.memory_states.shape[1]]  # (batch, steps, units, slots)
         mode1_values = mode1_read(address_weights.to(memory.memory_states.dtype), memory.memory_states)
         reads = [mode1_values]  # each (batch, steps, heads, dim)
         mode2_weights = None
@@ -305,7 +360,12 @@ class PanmMemory(nn.Module):
         hidden_states, controller_hidden = self.controller(reads, decoder_states, state.controller_hidden)
         return PanmMemoryOutput(
             hidden_states=hidden_states,
-            state=PanmState(pointer_hidden=pointer_hidden, pointers=pointers, controller_hidden=controller_hidden),
+            state=PanmState(
+                pointer_hidden=pointer_hidden,
+                pointers=pointers,
+                controller_hidden=controller_hidden,
+                pointer_weights=last_weights,
+            ),
             memory=memory,
             address_attentions=address_weights if output_attentions else None,
             mode2_attentions=mode2_weights if output_attentions else None,

@@ -14,8 +14,10 @@ import math
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from .attention import AttentionScorer
+from .pointer_arithmetic import POINTER_UPDATES, sharpen, shift_candidates
 
 
 class GroupedLinear(nn.Module):
@@ -65,6 +67,32 @@ class GroupedGRUCell(nn.Module):
         return (1.0 - update) * candidate + update * hidden
 
 
+class ArithmeticHead(GroupedLinear):
+    """Per unit, `h^a_t` -> logits of the moves (steps `K..-K`, then "attend"), and a learned sharpening.
+
+    Starts uniform over the steps with the attention's share at `e^-1 / (2K + 1 + e^-1)` (0.11 for
+    K = 1), and `gamma = 1 + softplus(0) = 1.69`.
+    """
+
+    def __init__(self, groups: int, in_features: int, reach: int):
+        super().__init__(groups, in_features, 2 * reach + 2)  # resets the logits' weights (below)
+        self.sharpening = nn.Parameter(torch.zeros(groups))  # gamma_h = 1 + softplus(sharpening_h)
+
+    def reset_parameters(self, bound: float | None = None) -> None:
+        super().reset_parameters(bound)  # draws as GroupedLinear does, so seeded runs keep their other inits
+        nn.init.zeros_(self.weight)
+        with torch.no_grad():
+            self.bias.zero_()
+            self.bias[:, -1] = -1.0
+            if hasattr(self, "sharpening"):
+                self.sharpening.zero_()
+
+    def gamma(self, batch: int) -> torch.Tensor:
+        """Sharpening exponents laid out unit-major: `(units*batch, 1, 1)`."""
+        gamma = 1.0 + F.softplus(self.sharpening)  # (units,)
+        return gamma.repeat_interleave(batch).reshape(-1, 1, 1)  # (units*batch, 1, 1)
+
+
 class PointerUnits(nn.Module):
     """`H^a` Pointer Units sharing one grouped recurrence.
 
@@ -75,6 +103,9 @@ class PointerUnits(nn.Module):
         mlp_hidden_size: hidden width of the address MLP `g^a` (paper: 128).
         scoring: `"dot"` or `"cosine"` (see `panm_hf.attention`).
         cosine_inverse_temperature: initial inverse temperature for `"cosine"`.
+        pointer_update: `"attention"` (the paper's Eq. 2) or `"shift"` (attention mixed with
+            content-free pointer arithmetic, see `panm_hf.pointer_arithmetic`).
+        shift_range: `K`, the largest step of `"shift"` (steps `-K..K`).
     """
 
     def __init__(
@@ -86,10 +117,16 @@ class PointerUnits(nn.Module):
         mlp_hidden_size: int,
         scoring: str,
         cosine_inverse_temperature: float = 15.0,
+        pointer_update: str = "attention",
+        shift_range: int = 1,
     ):
         super().__init__()
+        if pointer_update not in POINTER_UPDATES:
+            raise ValueError(f"pointer_update={pointer_update!r} is not supported; choose one of {POINTER_UPDATES}.")
         self.num_pointer_units = num_pointer_units
         self.hidden_size = hidden_size
+        self.pointer_update = pointer_update
+        self.shift_range = shift_range
         self.cell = GroupedGRUCell(num_pointer_units, address_bits, hidden_size)
         # g^a: one MLP per unit mapping an address code into that unit's key space.
         self.address_mlp = nn.Sequential(
@@ -99,6 +136,10 @@ class PointerUnits(nn.Module):
         )
         self.scorer = AttentionScorer(
             scoring=scoring, dim=hidden_size, cosine_inverse_temperature=cosine_inverse_temperature
+        )
+        # "shift": per unit, logits of the 2K + 1 steps, the gate g_t and the sharpening gamma_t.
+        self.arithmetic_head = (
+            ArithmeticHead(num_pointer_units, hidden_size, shift_range) if pointer_update == "shift" else None
         )
         self._compiled_step = None
 
@@ -122,20 +163,44 @@ class PointerUnits(nn.Module):
         bank: torch.Tensor,
         mask: torch.Tensor,
         mask_bias: torch.Tensor,
+        previous_weights: torch.Tensor | None = None,
+        gamma: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """One update of all units, unit-major: `pointers (units, batch, bits)`, `hidden (units, batch, hidden)`.
 
         `keys (units*batch, hidden, slots)`, `bank (units*batch, slots, bits)`, `mask`/`mask_bias
-        (units*batch, 1, slots)` are laid out once per call by `forward`.
+        (units*batch, 1, slots)` are laid out once per call by `forward`; `previous_weights
+        (units*batch, 1, slots)` (`w_{t-1}`) and `gamma (units*batch, 1, 1)` are used by `"shift"` only.
         """
         units, batch, size = hidden.shape
         hidden = self.cell(pointers, hidden)  # (units, batch, hidden)
         queries = self.scorer.prepare_queries(hidden)
         queries = queries.reshape(units * batch, 1, size)  # (units*batch, 1, hidden)
         scores = torch.baddbmm(mask_bias, queries, keys)  # (units*batch, 1, slots)
-        weights = torch.softmax(scores, dim=-1) * mask  # exact zeros on padding, even for all-padding rows
+        weights = torch.softmax(scores, dim=-1)  # (units*batch, 1, slots)
+        if self.arithmetic_head is not None:  # sharpening ends in the same masking
+            weights = self._shift_update(hidden, weights, previous_weights, gamma, mask, mask_bias)
+        else:
+            weights = weights * mask  # exact zeros on padding, even for all-padding rows
         pointers = torch.bmm(weights, bank).reshape(units, batch, -1)  # (units, batch, bits)
         return weights, pointers, hidden
+
+    def _shift_update(
+        self,
+        hidden: torch.Tensor,
+        attended: torch.Tensor,
+        previous_weights: torch.Tensor,
+        gamma: torch.Tensor,
+        mask: torch.Tensor,
+        mask_bias: torch.Tensor,
+    ) -> torch.Tensor:
+        """`sharpen(sum_k s_k shift_k(w_{t-1}) + s_att w^att, gamma)`, with `s` from `h^a_t` (no memory content)."""
+        units, batch, _ = hidden.shape
+        logits = self.arithmetic_head(hidden).reshape(units * batch, 1, -1)  # (units*batch, 1, 2K + 2)
+        moves = shift_candidates(previous_weights.squeeze(1), self.shift_range)  # (units*batch, 2K + 1, slots)
+        moves = torch.cat([moves, attended], dim=1)  # (units*batch, 2K + 2, slots)
+        mixed = torch.bmm(torch.softmax(logits, dim=-1), moves)  # (units*batch, 1, slots)
+        return sharpen(mixed, gamma, mask_bias, mask)
 
     def compile_step(self, **compile_kwargs) -> None:
         """Run each step through `torch.compile` (fuses the GRU gates and the masked softmax).
@@ -153,6 +218,7 @@ class PointerUnits(nn.Module):
         address_keys: torch.Tensor,
         attention_mask: torch.Tensor,
         num_steps: int,
+        previous_weights: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Run `num_steps` pointer updates (Eqs. 1-3); the only sequential loop of PANM.
 
@@ -162,11 +228,21 @@ class PointerUnits(nn.Module):
             address_bank: `(batch, slots, bits)`.
             address_keys: `(batch, units, slots, hidden)` from `address_keys`.
             attention_mask: `(batch, slots)` boolean.
+            previous_weights: `(batch, units, slots)` previous address attention `w_{t-1}`;
+                required by `pointer_update="shift"`, ignored otherwise.
 
         Returns:
             `(weights (batch, steps, units, slots), final pointers, final hidden)`.
         """
         batch, units, slots, size = address_keys.shape
+        if self.arithmetic_head is not None:
+            if previous_weights is None or tuple(previous_weights.shape) != (batch, units, slots):
+                got = None if previous_weights is None else tuple(previous_weights.shape)
+                raise ValueError(
+                    f'pointer_update="shift" needs previous_weights of shape {(batch, units, slots)} '
+                    f"(PanmState.pointer_weights, set by PanmMemory.initial_state); got {got}."
+                )
+            previous_weights = previous_weights.transpose(0, 1).reshape(units * batch, 1, slots)  # (u*b, 1, slots)
         # Lay everything out unit-major once, so every step is a few batched matmuls with no copies.
         keys = address_keys.transpose(0, 1).reshape(units * batch, slots, size)  # (units*batch, slots, hidden)
         keys = keys.transpose(1, 2)  # (units*batch, hidden, slots)
@@ -178,10 +254,12 @@ class PointerUnits(nn.Module):
         mask_bias = torch.zeros(mask.shape, dtype=keys.dtype, device=keys.device).masked_fill(~mask, -65504.0)
         pointers = pointers.transpose(0, 1).reshape(units, batch, -1)  # (units, batch, bits)
         hidden = hidden.transpose(0, 1).reshape(units, batch, size)  # (units, batch, hidden)
+        gamma = self.arithmetic_head.gamma(batch) if self.arithmetic_head is not None else None
         step = self._compiled_step or self.step
         all_weights = []
+        weights = previous_weights
         for _ in range(num_steps):
-            weights, pointers, hidden = step(pointers, hidden, keys, bank, mask, mask_bias)
+            weights, pointers, hidden = step(pointers, hidden, keys, bank, mask, mask_bias, weights, gamma)
             all_weights.append(weights)
         weights = torch.stack(all_weights, dim=1)  # (units*batch, steps, 1, slots)
         weights = weights.reshape(units, batch, num_steps, slots)  # (units, batch, steps, slots)

@@ -33,6 +33,9 @@ class AddressedMemory:
         address_keys: `(batch, units, slots, pointer_hidden)` `g^a_h(A)`, ready for scoring.
         base_address: `(batch,)` long, `p_B`.
         lengths: `(batch,)` long, number of real slots.
+        address_mask: `(batch, slots + distractors)` bool over the address bank when training-time
+            distractor addresses follow the slots in it (`PanmConfig.address_distractors`); None when
+            the bank is exactly the slots (then `attention_mask` masks it).
     """
 
     memory_states: torch.Tensor
@@ -41,6 +44,12 @@ class AddressedMemory:
     address_keys: torch.Tensor
     base_address: torch.Tensor
     lengths: torch.Tensor
+    address_mask: torch.Tensor | None = None
+
+    @property
+    def pointer_mask(self) -> torch.Tensor:
+        """`(batch, bank)` bool: which addresses the Pointer Units may attend to."""
+        return self.attention_mask if self.address_mask is None else self.address_mask
 
     def index_select(self, indices: torch.Tensor) -> AddressedMemory:
         return _index_select(self, indices)
@@ -54,11 +63,14 @@ class PanmState:
         pointer_hidden: `(batch, units, pointer_hidden)` Pointer Unit GRU states `h^a_t`.
         pointers: `(batch, units, bits)` current Mode-1 pointers `p^a_t`.
         controller_hidden: `(batch, controller_hidden)` Controller GRU state `h^c_t`.
+        pointer_weights: `(batch, units, bank)` current address attention `w^a_t` (one-hot at the
+            start); `pointer_update="shift"` moves it at the next step.
     """
 
     pointer_hidden: torch.Tensor
     pointers: torch.Tensor
     controller_hidden: torch.Tensor
+    pointer_weights: torch.Tensor | None = None
 
     def index_select(self, indices: torch.Tensor) -> PanmState:
         return _index_select(self, indices)

@@ -81,6 +81,17 @@ def backbone_config(request):
     return BACKBONES[request.param]()
 
 
+def tiny_memory(**kwargs):
+    """A tiny `PanmMemory` in eval mode, seeded: memory 8, decoder input 6, output 5, b = 5."""
+    from panm_hf.memory import PanmMemory
+
+    defaults = dict(memory_dim=8, decoder_input_size=6, output_size=5, address_bits=5,
+                    pointer_hidden_size=12, controller_hidden_size=12, mlp_hidden_size=10)  # fmt: skip
+    defaults.update(kwargs)
+    torch.manual_seed(0)
+    return PanmMemory(**defaults).eval()
+
+
 def make_inputs(batch_size: int = 2, src_len: int = 7, tgt_len: int = 5, seed: int = 0):
     generator = torch.Generator().manual_seed(seed)
     input_ids = torch.randint(4, VOCAB, (batch_size, src_len), generator=generator)

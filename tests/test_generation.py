@@ -37,10 +37,17 @@ def _backbone_config(model_type: str):
     )
 
 
-CASES = [(backbone, placement) for backbone in ("bart", "t5", "marian") for placement in ("stack", "replace")]
+PLACEMENTS = ("stack", "replace")
+# (backbone, placement, pointer_update): the paper's Pointer Unit everywhere, and the beyond-the-paper
+# "shift" update (its state carries the previous address attention) on two backbones.
+CASES = [
+    *[(model_type, placement, "attention") for model_type in ("bart", "t5", "marian") for placement in PLACEMENTS],
+    ("bart", "replace", "shift"),
+    ("t5", "stack", "shift"),
+]
 
 
-def build_model(model_type: str, placement: str) -> PanmForSeq2SeqLM:
+def build_model(model_type: str, placement: str, pointer_update: str = "attention") -> PanmForSeq2SeqLM:
     torch.manual_seed(0)
     config = PanmConfig(
         text_config=_backbone_config(model_type).to_dict(),
@@ -49,12 +56,15 @@ def build_model(model_type: str, placement: str) -> PanmForSeq2SeqLM:
         controller_hidden_size=16,
         mlp_hidden_size=16,
         placement=placement,
+        pointer_update=pointer_update,
     )
     model = PanmForSeq2SeqLM(config).eval()
     output_layer = model.panm.controller.output_mlp[-1]
     with torch.no_grad():  # make PANM matter: g^o's last layer is zero in "stack"
         output_layer.weight.normal_(0.0, 1.0)
         output_layer.bias.normal_(0.0, 1.0)
+        if pointer_update == "shift":  # and the shift depend on the Pointer Units' state (zero weights at init)
+            model.panm.pointer_units.arithmetic_head.weight.normal_(0.0, 1.0)
     return model
 
 
@@ -99,9 +109,9 @@ def test_randomised_panm_changes_logits():
     assert (logits - backbone_logits).abs().max() > 1e-1
 
 
-@pytest.mark.parametrize("model_type,placement", CASES)
-def test_greedy_with_cache_equals_without_cache(model_type, placement):
-    model = build_model(model_type, placement)
+@pytest.mark.parametrize("model_type,placement,pointer_update", CASES)
+def test_greedy_with_cache_equals_without_cache(model_type, placement, pointer_update):
+    model = build_model(model_type, placement, pointer_update)
     input_ids, attention_mask = source_batch()
     kwargs = {"max_new_tokens": MAX_NEW_TOKENS, "do_sample": False, "num_beams": 1, **PLAIN}
     cached = model.generate(input_ids=input_ids, attention_mask=attention_mask, use_cache=True, **kwargs)
@@ -110,9 +120,9 @@ def test_greedy_with_cache_equals_without_cache(model_type, placement):
     assert torch.equal(cached, uncached)
 
 
-@pytest.mark.parametrize("model_type,placement", CASES)
-def test_beam_scores_equal_teacher_forced_log_probs(model_type, placement):
-    model = build_model(model_type, placement)
+@pytest.mark.parametrize("model_type,placement,pointer_update", CASES)
+def test_beam_scores_equal_teacher_forced_log_probs(model_type, placement, pointer_update):
+    model = build_model(model_type, placement, pointer_update)
     input_ids, attention_mask = source_batch()
     out = model.generate(
         input_ids=input_ids,
@@ -134,9 +144,9 @@ def test_beam_scores_equal_teacher_forced_log_probs(model_type, placement):
     assert isinstance(out.past_key_values, PanmCache)
 
 
-@pytest.mark.parametrize("model_type,placement", CASES)
-def test_step_by_step_logits_equal_teacher_forcing(model_type, placement):
-    model = build_model(model_type, placement)
+@pytest.mark.parametrize("model_type,placement,pointer_update", CASES)
+def test_step_by_step_logits_equal_teacher_forcing(model_type, placement, pointer_update):
+    model = build_model(model_type, placement, pointer_update)
     input_ids, attention_mask = source_batch()
     generator = torch.Generator().manual_seed(2)
     start = model.config.decoder_start_token_id

@@ -10,11 +10,14 @@ import pytest
 import torch
 
 from panm_hf.tasks import make_batch, task_spec
+from panm_hf.tasks.diagnostics import _profile_correlation, address_score_periodicity
 from panm_hf.tasks.harness import RunResult, evaluate, load_results, sequence_loss, summarize, token_counts
 from panm_hf.tasks.models import MODEL_NAMES, build_model
 
 TINY = {
     "panm": dict(memory_dim=16, pointer_hidden_size=16, controller_hidden_size=32, mlp_hidden_size=16),
+    "panm_shift": dict(memory_dim=16, pointer_hidden_size=16, controller_hidden_size=32, mlp_hidden_size=16),
+    "panm_distract": dict(memory_dim=16, pointer_hidden_size=16, controller_hidden_size=32, mlp_hidden_size=16),
     "lstm": dict(hidden_size=32),
     "content": dict(memory_dim=16, hidden_size=32),
     "location": dict(memory_dim=16, hidden_size=32, max_slots=16),
@@ -127,3 +130,39 @@ def test_demo_smoke_writes_pngs_and_results(tmp_path):
     reloaded = summarize(load_results(tmp_path / "results.json"))
     assert reloaded["copy"]["panm"]["mean"] == summary["copy"]["panm"]["mean"]
     assert "| panm |" in (tmp_path / "results.md").read_text()
+
+
+def test_profile_correlation_sees_exact_and_no_repetition():
+    period16 = torch.randn(16).repeat(64)  # (1024,) repeats every 16 addresses
+    assert _profile_correlation(period16, 16).item() == pytest.approx(1.0, abs=1e-6)
+    assert _profile_correlation(period16, 32).item() == pytest.approx(1.0, abs=1e-6)
+    noise = torch.randn(4, 1024, generator=torch.Generator().manual_seed(0))
+    assert _profile_correlation(noise, 16).abs().max() < 0.15
+
+
+@pytest.mark.parametrize("name", ["panm", "panm_shift"])
+def test_score_periodicity_diagnostic_shapes(name):
+    torch.manual_seed(0)
+    model = build_model(name, task_spec("copy").feature_dim, **TINY[name])
+    result = address_score_periodicity(model, "copy", 12, periods=(16, 32), num_samples=4)
+    assert set(result["correlation"]) == {16, 32}
+    assert all(len(values) == 2 and all(-1 <= v <= 1 for v in values) for values in result["correlation"].values())
+    assert len(result["example_profile"]) == 2 and len(result["example_profile"][0]) == 1024
+    assert all(0 < usage <= 1 for usage in result["usage"])
+    assert ("shift_gate" in result) == (name == "panm_shift")
+    assert model.training  # restored
+
+
+def test_variants_smoke_with_16x_length_and_score_profiles(tmp_path):
+    spec = importlib.util.spec_from_file_location("length_generalization_run", RUN_PY)
+    run = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(run)
+    summary = run.main(["--smoke", "--no-progress", "--task", "copy", "psort", "--models", "panm_shift",
+                        "panm_distract", "--extra-lengths", "16", "--output-dir", str(tmp_path)])
+    assert list(summary["copy"]["panm_shift"]["mean"]) == [9, 10, 20, 40, 80, 160]
+    assert list(summary["psort"]["panm_distract"]["mean"]) == [10, 11, 21, 41, 81, 176]
+    diagnostics = json.loads((tmp_path / "score_periodicity.json").read_text())
+    assert {(d["task"], d["model"]) for d in diagnostics} == {
+        (task, model) for task in ("copy", "psort") for model in ("panm_shift", "panm_distract")
+    }
+    assert (tmp_path / "score_profiles.png").read_bytes()[:8] == PNG_MAGIC

@@ -2,17 +2,12 @@
 
 import pytest
 import torch
+from conftest import tiny_memory
 
 from panm_hf.addressing import binary_codes
-from panm_hf.memory import PanmMemory, initial_pointer_offsets
+from panm_hf.memory import initial_pointer_offsets
 
-
-def tiny(**kwargs) -> PanmMemory:
-    defaults = dict(memory_dim=8, decoder_input_size=6, output_size=5, address_bits=5,
-                    pointer_hidden_size=12, controller_hidden_size=12, mlp_hidden_size=10)
-    defaults.update(kwargs)
-    torch.manual_seed(0)
-    return PanmMemory(**defaults).eval()
+tiny = tiny_memory
 
 
 @pytest.mark.parametrize("scoring", ["dot", "cosine"])

@@ -86,8 +86,9 @@ def test_loss_ignores_minus_100_and_matches_cross_entropy(backbone_config):
     assert torch.allclose(out.loss, expected)
 
 
-def test_gradients_reach_every_panm_parameter(backbone_config):
-    _, model = wrap(backbone_config)
+@pytest.mark.parametrize("options", [{}, {"pointer_update": "shift"}, {"address_distractors": 4}])
+def test_gradients_reach_every_panm_parameter(backbone_config, options):
+    _, model = wrap(backbone_config, **options)
     model = activate_panm(model).train()
     input_ids, labels = make_inputs()
     model(input_ids=input_ids, labels=labels).loss.backward()

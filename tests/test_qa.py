@@ -48,10 +48,14 @@ def tiny_bert_config(vocab_size: int = 99) -> BertConfig:
     )
 
 
-def tiny_qa_pair(seed: int = 0) -> tuple[BertForQuestionAnswering, BertWithPanmForQuestionAnswering]:
+# The paper's Pointer Unit and the two beyond-the-paper options of the core (one flag each).
+PANM_OPTIONS = [{}, {"pointer_update": "shift"}, {"address_distractors": 4}]
+
+
+def tiny_qa_pair(seed: int = 0, **options) -> tuple[BertForQuestionAnswering, BertWithPanmForQuestionAnswering]:
     torch.manual_seed(seed)
     qa_model = BertForQuestionAnswering(tiny_bert_config()).eval()
-    return qa_model, BertWithPanmForQuestionAnswering.from_backbone(qa_model, **SMALL_PANM).eval()
+    return qa_model, BertWithPanmForQuestionAnswering.from_backbone(qa_model, **SMALL_PANM, **options).eval()
 
 
 def activate_panm(model: BertWithPanmForQuestionAnswering, seed: int = 1) -> None:
@@ -79,14 +83,16 @@ def test_alias_and_trainer_recognises_qa():
     assert find_labels(BertWithPanmForQuestionAnswering) == ["start_positions", "end_positions"]
 
 
-def test_shapes_logits_and_loss_equal_bert_at_init():
-    qa_model, model = tiny_qa_pair()
+@pytest.mark.parametrize("options", PANM_OPTIONS)
+def test_shapes_logits_and_loss_equal_bert_at_init(options):
+    qa_model, model = tiny_qa_pair(**options)
     input_ids = torch.randint(1, 99, (3, 10))
     start_positions = torch.tensor([1, 4, 25])  # 25 is outside the input: clamped and ignored
     end_positions = torch.tensor([2, 7, 3])
     expected = qa_model(input_ids=input_ids, start_positions=start_positions, end_positions=end_positions)
     output = model(input_ids=input_ids, start_positions=start_positions, end_positions=end_positions)
     assert type(output).__name__ == "QuestionAnsweringModelOutput"
+    assert (model.panm.pointer_units.arithmetic_head is not None) == (options.get("pointer_update") == "shift")
     assert output.start_logits.shape == output.end_logits.shape == (3, 10)
     torch.testing.assert_close(output.start_logits, expected.start_logits, rtol=0, atol=0)
     torch.testing.assert_close(output.end_logits, expected.end_logits, rtol=0, atol=0)
@@ -127,8 +133,9 @@ def test_zero_init_identity_with_saved_qa_checkpoint(tmp_path):
     assert not torch.allclose(model(input_ids=input_ids).start_logits, qa_model(input_ids=input_ids).start_logits)
 
 
-def test_padding_is_masked_and_invariant():
-    _, model = tiny_qa_pair()
+@pytest.mark.parametrize("options", PANM_OPTIONS)
+def test_padding_is_masked_and_invariant(options):
+    _, model = tiny_qa_pair(**options)
     activate_panm(model)
     input_ids = torch.randint(1, 99, (2, 12))
     attention_mask = torch.ones_like(input_ids)

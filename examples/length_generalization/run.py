@@ -16,6 +16,7 @@ Full protocol, e.g.:
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -23,13 +24,16 @@ from pathlib import Path
 import torch
 
 from panm_hf.tasks import TASKS, make_batch, task_spec
+from panm_hf.tasks.diagnostics import address_score_periodicity
 from panm_hf.tasks.harness import TrainConfig, markdown_table, train_and_evaluate, write_results
-from panm_hf.tasks.models import MODEL_NAMES
+from panm_hf.tasks.models import MODEL_NAMES, PANM_VARIANTS
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--task", default="copy", choices=(*TASKS, "all"))
+    parser.add_argument(
+        "--task", nargs="+", default=["copy"], choices=(*TASKS, "all"), help="one or more tasks, or all"
+    )
     parser.add_argument("--models", nargs="+", default=["panm", "content"], choices=MODEL_NAMES)
     parser.add_argument("--steps", type=int, default=1000, help="optimiser steps per run")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
@@ -42,6 +46,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     parser.add_argument("--cosine-inverse-temperature", type=float, default=None)
     parser.add_argument("--controller-init", choices=("mean", "sum"), default=None)
+    parser.add_argument(
+        "--extra-lengths",
+        type=int,
+        nargs="*",
+        default=[],
+        help="also test at these multiples of L+1 (e.g. 16 for 16(L+1)); the paper stops at 8",
+    )
     parser.add_argument("--device", default="cpu")
     parser.add_argument(
         "--threads", type=int, default=2, help="torch CPU threads (use 1 on a box shared with other jobs)"
@@ -56,6 +67,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1; got {getattr(args, name)}.")
     return args
+
+
+def extra_lengths(task: str, multiples: list[int]) -> tuple[int, ...]:
+    """Test lengths `k (L+1)` for each multiple `k`, beyond the paper's five."""
+    if any(k < 1 for k in multiples):
+        raise ValueError(f"--extra-lengths takes positive multiples of L+1; got {multiples}.")
+    return tuple(k * (task_spec(task).train_length + 1) for k in multiples)
 
 
 def panm_kwargs(args: argparse.Namespace) -> dict:
@@ -129,13 +147,37 @@ def plot_pointer_attention(model, task: str, path: Path, device: str) -> None:
     plt.close(fig)
 
 
+def plot_score_profiles(diagnostics: list[dict], path: Path) -> None:
+    """Each PANM variant's address scores over all 2^b addresses (unit 0 = p_B, middle step, one sample)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(diagnostics), 1, figsize=(10, 2.2 * len(diagnostics)), squeeze=False)
+    for ax, entry in zip(axes[:, 0], diagnostics):
+        profile = entry["example_profile"][0]
+        ax.plot(range(len(profile)), profile, linewidth=0.6)
+        corr = entry["correlation"]["16"][0]
+        ax.set_title(
+            f"{entry['task']} / {entry['model']} (seed {entry['seed']}): scores of pointer 0 over all addresses; "
+            f"correlation with itself shifted by 16 = {corr:.2f}",
+            fontsize=8,
+        )
+        ax.set_xlim(0, len(profile))
+    axes[-1, 0].set_xlabel("address")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def main(argv=None) -> dict:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     output_dir = Path(args.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
-    tasks = TASKS if args.task == "all" else (args.task,)
-    results, panm_models = [], {}
+    tasks = TASKS if "all" in args.task else tuple(dict.fromkeys(args.task))
+    results, panm_models, diagnostics = [], {}, []
     start = time.perf_counter()
     with open(output_dir / "train_log.txt", "w") as log_file:
 
@@ -157,12 +199,19 @@ def main(argv=None) -> dict:
                         eval_samples=args.eval_samples,
                         eval_batch_size=min(256, args.eval_samples),
                         device=args.device,
-                        model_kwargs=panm_kwargs(args) if model_name == "panm" else {},
+                        model_kwargs=panm_kwargs(args) if model_name in PANM_VARIANTS else {},
+                        extra_test_lengths=extra_lengths(task, args.extra_lengths),
                     )
                     result, model = train_and_evaluate(config, progress=not args.no_progress, log=log)
                     results.append(result)
-                    if model_name == "panm" and task not in panm_models:
-                        panm_models[task] = model
+                    if model_name in PANM_VARIANTS:
+                        length = 2 * (task_spec(task).train_length + 1)
+                        periodicity = address_score_periodicity(model, task, length)
+                        periodicity["correlation"] = {str(k): v for k, v in periodicity["correlation"].items()}
+                        diagnostics.append({"task": task, "model": model_name, "seed": seed, "length": length,
+                                            **periodicity})
+                    if model_name in PANM_VARIANTS and (task, model_name) not in panm_models:
+                        panm_models[(task, model_name)] = model
     elapsed = time.perf_counter() - start
     meta = {
         "command": " ".join(
@@ -178,12 +227,17 @@ def main(argv=None) -> dict:
         "wall_seconds": round(elapsed, 1),
     }
     summary = write_results(results, output_dir, meta=meta)
+    if diagnostics:
+        with open(output_dir / "score_periodicity.json", "w") as handle:
+            json.dump(diagnostics, handle)
+        plot_score_profiles([d for d in diagnostics if d["seed"] == diagnostics[0]["seed"]],
+                            output_dir / "score_profiles.png")
     for task in summary:
         print(f"\n{task}: token accuracy (%) per test length, checkpoint selected at L+1")
         print(markdown_table(summary, task))
     plot_accuracy(summary, output_dir / "accuracy_vs_length.png")
-    for index, (task, model) in enumerate(panm_models.items()):
-        name = "pointer_attention.png" if index == 0 else f"pointer_attention_{task}.png"
+    for index, ((task, model_name), model) in enumerate(panm_models.items()):
+        name = "pointer_attention.png" if index == 0 else f"pointer_attention_{task}_{model_name}.png"
         plot_pointer_attention(model, task, output_dir / name, args.device)
     print(
         f"\nwall time {elapsed:.0f} s; wrote results.json, results.md, accuracy_vs_length.png"

@@ -82,10 +82,14 @@ class ModelArguments:
     pointer_hidden_size: int = field(default=256, metadata={"help": "Pointer Unit GRU size."})
     controller_hidden_size: int = field(default=256, metadata={"help": "Controller GRU size."})
     mlp_hidden_size: int = field(default=128, metadata={"help": "Width of PANM's MLPs."})
+    pointer_update: str = field(
+        default="attention",
+        metadata={"help": "PANM Pointer Unit: attention (the paper) or shift (beyond the paper: pointer arithmetic)."},
+    )
 
     def panm_kwargs(self) -> dict:
         names = ("address_bits", "num_pointer_units", "num_mode2_heads", "pointer_hidden_size",
-                 "controller_hidden_size", "mlp_hidden_size")
+                 "controller_hidden_size", "mlp_hidden_size", "pointer_update")
         return {name: getattr(self, name) for name in names}
 
 

@@ -61,6 +61,10 @@ class ModelArguments:
     pointer_hidden_size: int = field(default=256)
     controller_hidden_size: int = field(default=256)
     mlp_hidden_size: int = field(default=128)
+    pointer_update: str = field(
+        default="attention",
+        metadata={"help": "PANM Pointer Unit: attention (the paper) or shift (beyond the paper: pointer arithmetic)."},
+    )
     vocab_size: int = field(default=8000, metadata={"help": "Joint BPE vocabulary size of the local tokenizer."})
 
 
@@ -152,6 +156,7 @@ def build_model(name: str, model_args: ModelArguments, config) -> PreTrainedMode
         pointer_hidden_size=model_args.pointer_hidden_size,
         controller_hidden_size=model_args.controller_hidden_size,
         mlp_hidden_size=model_args.mlp_hidden_size,
+        pointer_update=model_args.pointer_update,
     )
     return PanmForSeq2SeqLM(panm_config)
 

@@ -46,6 +46,7 @@ class TrainConfig:
         grad_clip: gradient-norm clip (0 disables).
         device: torch device string.
         model_kwargs: constructor overrides passed to `build_model` (e.g. `{"scoring": "cosine"}`).
+        extra_test_lengths: test lengths beyond the task's five (e.g. 16(L+1)).
     """
 
     task: str = "copy"
@@ -60,6 +61,7 @@ class TrainConfig:
     grad_clip: float = 1.0
     device: str = "cpu"
     model_kwargs: dict = field(default_factory=dict)
+    extra_test_lengths: tuple[int, ...] = ()
 
     def __post_init__(self):
         for name in ("steps", "batch_size", "eval_every", "eval_samples", "eval_batch_size"):
@@ -192,7 +194,7 @@ def train_and_evaluate(config: TrainConfig, *, progress: bool = False, log=None)
                 config.task, length, config.eval_samples, config.eval_batch_size, _TEST_SEED, config.device
             ),
         )
-        for length in spec.test_lengths
+        for length in (*spec.test_lengths, *config.extra_test_lengths)
     }
     result = RunResult(
         task=config.task,

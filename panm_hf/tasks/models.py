@@ -11,6 +11,8 @@ difference between them is how the decoder reads the encoder's memory:
 * ``content``:   Bahdanau (additive, content-based) attention decoder.
 * ``location``:  Luong location-based attention, `a_t = softmax(W_a h_t)` over slot positions.
 * ``transformer``: Transformer encoder-decoder; decoder queries are positional encodings.
+* ``panm_shift``, ``panm_distract``: PANM with a beyond-the-paper option switched on
+  (`PANM_VARIANTS`: content-free pointer arithmetic, training-time distractor addresses).
 
 `build_model(name, feature_dim)` builds one with the suite's default sizes
 (about 1M parameters each; PANM follows the paper: `H^a = 2`, `H^c = 1`,
@@ -31,7 +33,13 @@ from ..attention import masked_softmax
 from ..memory import PanmMemory
 from .algorithmic import NUM_TOKENS
 
-MODEL_NAMES = ("panm", "lstm", "content", "location", "transformer")
+# PANM variants of the suite: the faithful model and each beyond-the-paper option (core flags).
+PANM_VARIANTS = {
+    "panm": {},
+    "panm_shift": {"pointer_update": "shift", "shift_range": 1},
+    "panm_distract": {"address_distractors": 8},
+}
+MODEL_NAMES = (*PANM_VARIANTS, "lstm", "content", "location", "transformer")
 
 
 @dataclass
@@ -313,7 +321,7 @@ def build_model(name: str, feature_dim: int, **overrides) -> nn.Module:
         **overrides: constructor arguments replacing the defaults (e.g. `scoring="cosine"` for PANM,
             or tiny sizes in tests).
     """
-    if name == "panm":
+    if name in PANM_VARIANTS:
         defaults = dict(
             memory_dim=128,
             address_bits=10,
@@ -327,6 +335,7 @@ def build_model(name: str, feature_dim: int, **overrides) -> nn.Module:
             scoring="cosine",
             cosine_inverse_temperature=15.0,
             controller_init="mean",
+            **PANM_VARIANTS[name],
         )
         return PanmSeq2Seq(feature_dim, **{**defaults, **overrides})
     if name == "lstm":
