@@ -231,6 +231,10 @@ def run_one(
     ][:-1]  # the last entry is the final evaluate() above, already in test_perplexity
 
     trainer.args.predict_with_generate = True
+    # Trainer sets config.use_cache = False for training; after it, PanmForSeq2SeqLM's generation
+    # config came out with use_cache=False (Marian's did not) and predict() decoded without a cache,
+    # ~14x slower. Generation always uses the cache here.
+    trainer.model.generation_config.use_cache = True
     start = time.time()
     prediction = trainer.predict(test_dataset, max_length=max_length, num_beams=num_beams)
     generate_seconds = time.time() - start
