@@ -59,10 +59,10 @@ class PanmConfig(PreTrainedConfig):
             paper's setup that keeps the parameter count.
         pointer_update (`str`, *optional*, defaults to `"attention"`):
             how a Pointer Unit moves its pointer. `"attention"` is the paper's Eq. 2. `"shift"` (beyond
-            the paper) mixes it, through a learned gate, with content-free pointer arithmetic: the
-            previous address attention shifted by a learned distribution over steps `-K..K` and
-            sharpened (`panm_hf.pointer_arithmetic`). Measured on the algorithmic suite in
-            docs/RESULTS.md ("Beyond the paper").
+            the paper) adds content-free pointer arithmetic: each unit picks, by one softmax, among
+            moving its previous address attention by a step in `-K..K` and the paper's attention; the
+            mixture is sharpened by a learned exponent (`panm_hf.pointer_arithmetic`). Measured on the
+            algorithmic suite in docs/RESULTS.md ("Beyond the paper").
         shift_range (`int`, *optional*, defaults to 1):
             `K`, the largest step of `pointer_update="shift"`.
         address_distractors (`int`, *optional*, defaults to 0):

@@ -103,8 +103,8 @@ class PointerUnits(nn.Module):
         mlp_hidden_size: hidden width of the address MLP `g^a` (paper: 128).
         scoring: `"dot"` or `"cosine"` (see `panm_hf.attention`).
         cosine_inverse_temperature: initial inverse temperature for `"cosine"`.
-        pointer_update: `"attention"` (the paper's Eq. 2) or `"shift"` (attention mixed with
-            content-free pointer arithmetic, see `panm_hf.pointer_arithmetic`).
+        pointer_update: `"attention"` (the paper's Eq. 2) or `"shift"` (the paper's attention as one of
+            the moves beside content-free steps, see `panm_hf.pointer_arithmetic`).
         shift_range: `K`, the largest step of `"shift"` (steps `-K..K`).
     """
 

@@ -166,3 +166,12 @@ def test_variants_smoke_with_16x_length_and_score_profiles(tmp_path):
         (task, model) for task in ("copy", "psort") for model in ("panm_shift", "panm_distract")
     }
     assert (tmp_path / "score_profiles.png").read_bytes()[:8] == PNG_MAGIC
+
+
+def test_demo_rejects_non_positive_extra_lengths_before_training():
+    spec = importlib.util.spec_from_file_location("length_generalization_run", RUN_PY)
+    run = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(run)
+    with pytest.raises(ValueError, match="--extra-lengths"):
+        run.parse_args(["--extra-lengths", "16", "0"])
+    assert run.extra_lengths("psort", [16]) == (176,)

@@ -51,6 +51,6 @@ def test_smoke_run_writes_finite_perplexity_and_bleu(tmp_path):
         assert len(result["epoch_perplexity"]) == 1
         # the tokenizer trained here is saved with each model
         assert (tmp_path / name / "tokenizer.json").exists() and (tmp_path / name / "config.json").exists()
-        # BLEU is decoded with the cache (after Trainer, PANM's generation config had lost it)
+        # BLEU is decoded with the cache (a config shared between the two models once lost it)
         assert json.loads((tmp_path / name / "generation_config.json").read_text())["use_cache"] is True
     assert summary["results"]["panm"]["num_parameters"] != summary["results"]["transformer"]["num_parameters"]

@@ -63,6 +63,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.smoke:
         args.steps, args.batch_size, args.eval_every, args.eval_samples = 4, 8, 2, 8
+    if any(k < 1 for k in args.extra_lengths):
+        raise ValueError(f"--extra-lengths takes positive multiples of L+1 (e.g. 16); got {args.extra_lengths}.")
     for name in ("steps", "batch_size", "eval_every", "eval_samples", "threads"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1; got {getattr(args, name)}.")
@@ -71,8 +73,6 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def extra_lengths(task: str, multiples: list[int]) -> tuple[int, ...]:
     """Test lengths `k (L+1)` for each multiple `k`, beyond the paper's five."""
-    if any(k < 1 for k in multiples):
-        raise ValueError(f"--extra-lengths takes positive multiples of L+1; got {multiples}.")
     return tuple(k * (task_spec(task).train_length + 1) for k in multiples)
 
 

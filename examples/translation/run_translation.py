@@ -15,6 +15,7 @@ per-epoch test perplexity of both models.
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import os
@@ -143,6 +144,9 @@ def backbone_config(model_args: ModelArguments, tokenizer, max_positions: int):
 
 
 def build_model(name: str, model_args: ModelArguments, config) -> PreTrainedModel:
+    # Each model gets its own copy: Trainer sets `model.config.use_cache = False` for training, and
+    # on a shared config that flag would reach the next model's generation config.
+    config = copy.deepcopy(config)
     if name == "transformer":
         model = AutoModelForSeq2SeqLM.from_config(config)
         # Marian/BART take **kwargs, so Trainer would hand them num_items_in_batch and rescale their
@@ -231,10 +235,6 @@ def run_one(
     ][:-1]  # the last entry is the final evaluate() above, already in test_perplexity
 
     trainer.args.predict_with_generate = True
-    # Trainer sets config.use_cache = False for training; after it, PanmForSeq2SeqLM's generation
-    # config came out with use_cache=False (Marian's did not) and predict() decoded without a cache,
-    # ~14x slower. Generation always uses the cache here.
-    trainer.model.generation_config.use_cache = True
     start = time.time()
     prediction = trainer.predict(test_dataset, max_length=max_length, num_beams=num_beams)
     generate_seconds = time.time() - start

@@ -87,6 +87,6 @@ def address_score_periodicity(
         steps_units = hidden.transpose(0, 2).flatten(1, 2)  # (units, steps*batch, hidden)
         moves = torch.softmax(units.arithmetic_head(steps_units), dim=-1)  # (units, steps*batch, 2K + 2)
         result["shift_gate"] = (1.0 - moves[..., -1]).mean(dim=-1).tolist()  # share of the steps, not "attend"
-        result["gamma"] = (1.0 + torch.nn.functional.softplus(units.arithmetic_head.sharpening)).tolist()
+        result["gamma"] = units.arithmetic_head.gamma(1).flatten().tolist()  # one per unit
     model.train(was_training)
     return result
