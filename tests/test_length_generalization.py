@@ -175,3 +175,36 @@ def test_demo_rejects_non_positive_extra_lengths_before_training():
     with pytest.raises(ValueError, match="--extra-lengths"):
         run.parse_args(["--extra-lengths", "16", "0"])
     assert run.extra_lengths("psort", [16]) == (176,)
+
+
+def test_monitoring_longer_lengths_never_changes_training_or_selection():
+    from panm_hf.tasks.harness import TrainConfig, train_and_evaluate
+
+    base = dict(task="copy", model="panm", steps=6, batch_size=8, eval_every=2, eval_samples=8, eval_batch_size=8,
+                model_kwargs={"pointer_hidden_size": 16, "controller_hidden_size": 16, "mlp_hidden_size": 16})
+    plain, _ = train_and_evaluate(TrainConfig(**base))
+    watched, _ = train_and_evaluate(TrainConfig(**base, monitor_lengths=(20, 40)))
+    assert watched.test_accuracy == plain.test_accuracy
+    assert watched.best_step == plain.best_step
+    assert [e["loss"] for e in watched.history] == [e["loss"] for e in plain.history]
+    assert all("monitor_accuracy" not in e for e in plain.history)
+    monitored = [e["monitor_accuracy"] for e in watched.history]
+    assert [list(m) for m in monitored] == [[20, 40]] * 3
+    # Monitoring scores the same test sets as the test phase: at the selected step they agree.
+    selected = next(e for e in watched.history if e["step"] == watched.best_step)
+    assert selected["monitor_accuracy"] == {n: watched.test_accuracy[n] for n in (20, 40)}
+    with pytest.raises(ValueError, match="monitor_lengths"):
+        TrainConfig(**base, monitor_lengths=(0,))
+
+
+def test_demo_monitor_flag_writes_curves(tmp_path):
+    spec = importlib.util.spec_from_file_location("length_generalization_run", RUN_PY)
+    run = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(run)
+    run.main(["--smoke", "--no-progress", "--models", "panm", "--monitor-lengths", "2", "4",
+              "--output-dir", str(tmp_path)])
+    runs = json.loads((tmp_path / "results.json").read_text())["runs"]
+    assert [list(e["monitor_accuracy"]) for e in runs[0]["history"]][0] == ["20", "40"]  # JSON keys
+    assert (tmp_path / "monitor_curves.png").read_bytes()[:8] == PNG_MAGIC
+    with pytest.raises(ValueError, match="--monitor-lengths"):
+        run.parse_args(["--monitor-lengths", "0"])

@@ -53,6 +53,14 @@ def parse_args(argv=None) -> argparse.Namespace:
         default=[],
         help="also test at these multiples of L+1 (e.g. 16 for 16(L+1)); the paper stops at 8",
     )
+    parser.add_argument(
+        "--monitor-lengths",
+        type=int,
+        nargs="*",
+        default=[],
+        help="diagnostic: also score these multiples of L+1 (e.g. 2 4 8) at every validation and plot them "
+        "against the step in monitor_curves.png; never used to select the checkpoint",
+    )
     parser.add_argument("--device", default="cpu")
     parser.add_argument(
         "--threads", type=int, default=2, help="torch CPU threads (use 1 on a box shared with other jobs)"
@@ -63,8 +71,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.smoke:
         args.steps, args.batch_size, args.eval_every, args.eval_samples = 4, 8, 2, 8
-    if any(k < 1 for k in args.extra_lengths):
-        raise ValueError(f"--extra-lengths takes positive multiples of L+1 (e.g. 16); got {args.extra_lengths}.")
+    for flag in ("extra_lengths", "monitor_lengths"):
+        if any(k < 1 for k in getattr(args, flag)):
+            raise ValueError(
+                f"--{flag.replace('_', '-')} takes positive multiples of L+1 (e.g. 16); got {getattr(args, flag)}."
+            )
     for name in ("steps", "batch_size", "eval_every", "eval_samples", "threads"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1; got {getattr(args, name)}.")
@@ -115,6 +126,33 @@ def plot_accuracy(summary: dict, path: Path) -> None:
         ax.set_title(task)
         ax.grid(alpha=0.3)
         ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_monitor_curves(results, path: Path) -> None:
+    """Accuracy at the monitored lengths against the training step, one panel per task, one line per run."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tasks = list(dict.fromkeys(result.task for result in results))
+    fig, axes = plt.subplots(1, len(tasks), figsize=(5.5 * len(tasks), 3.8), squeeze=False)
+    for ax, task in zip(axes[0], tasks):
+        for result in (r for r in results if r.task == task):
+            steps = [entry["step"] for entry in result.history]
+            for length in result.history[0]["monitor_accuracy"]:
+                accuracy = [entry["monitor_accuracy"][length] for entry in result.history]
+                ax.plot(steps, accuracy, label=f"{result.model} s{result.seed} @ {length}", linewidth=1)
+            ax.axvline(result.best_step, color="grey", linewidth=0.5, linestyle=":")
+        ax.set_ylim(0, 102)
+        ax.set_xlabel("training step (dotted: checkpoint selected at L+1)")
+        ax.set_ylabel("token accuracy (%)")
+        ax.set_title(f"{task}: accuracy on longer inputs during training (not used for selection)", fontsize=8)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -201,6 +239,7 @@ def main(argv=None) -> dict:
                         device=args.device,
                         model_kwargs=panm_kwargs(args) if model_name in PANM_VARIANTS else {},
                         extra_test_lengths=extra_lengths(task, args.extra_lengths),
+                        monitor_lengths=extra_lengths(task, args.monitor_lengths),
                     )
                     result, model = train_and_evaluate(config, progress=not args.no_progress, log=log)
                     results.append(result)
@@ -236,6 +275,8 @@ def main(argv=None) -> dict:
         print(f"\n{task}: token accuracy (%) per test length, checkpoint selected at L+1")
         print(markdown_table(summary, task))
     plot_accuracy(summary, output_dir / "accuracy_vs_length.png")
+    if args.monitor_lengths:
+        plot_monitor_curves(results, output_dir / "monitor_curves.png")
     for index, ((task, model_name), model) in enumerate(panm_models.items()):
         name = "pointer_attention.png" if index == 0 else f"pointer_attention_{task}_{model_name}.png"
         plot_pointer_attention(model, task, output_dir / name, args.device)

@@ -47,6 +47,9 @@ class TrainConfig:
         device: torch device string.
         model_kwargs: constructor overrides passed to `build_model` (e.g. `{"scoring": "cosine"}`).
         extra_test_lengths: test lengths beyond the task's five (e.g. 16(L+1)).
+        monitor_lengths: diagnostic only: test lengths also scored at every validation and
+            recorded in `RunResult.history` (never used to select the checkpoint), to see
+            when a model's accuracy on longer inputs is decided during training.
     """
 
     task: str = "copy"
@@ -62,6 +65,7 @@ class TrainConfig:
     device: str = "cpu"
     model_kwargs: dict = field(default_factory=dict)
     extra_test_lengths: tuple[int, ...] = ()
+    monitor_lengths: tuple[int, ...] = ()
 
     def __post_init__(self):
         for name in ("steps", "batch_size", "eval_every", "eval_samples", "eval_batch_size"):
@@ -70,6 +74,8 @@ class TrainConfig:
                 raise ValueError(f"{name} must be a positive int; got {value!r}.")
         if self.lr <= 0:
             raise ValueError(f"lr must be > 0; got {self.lr!r}.")
+        if any(not isinstance(n, int) or n < 1 for n in self.monitor_lengths):
+            raise ValueError(f"monitor_lengths must be positive ints (test lengths); got {self.monitor_lengths!r}.")
 
 
 @dataclass
@@ -145,6 +151,13 @@ def train_and_evaluate(config: TrainConfig, *, progress: bool = False, log=None)
     valid_batches = fixed_eval_batches(
         config.task, spec.train_length + 1, config.eval_samples, config.eval_batch_size, _VALID_SEED, config.device
     )
+    # Diagnostic sets drawn from the test stream: watched during training, never used for selection.
+    monitor_batches = {
+        length: fixed_eval_batches(
+            config.task, length, config.eval_samples, config.eval_batch_size, _TEST_SEED, config.device
+        )
+        for length in config.monitor_lengths
+    }
     best_accuracy, best_step, best_state, history = -1.0, 0, None, []
     running = None
     steps = range(1, config.steps + 1)
@@ -172,7 +185,10 @@ def train_and_evaluate(config: TrainConfig, *, progress: bool = False, log=None)
             bar.set_postfix(loss=f"{running:.3f}", best_val=f"{max(best_accuracy, 0):.1f}")
         if step % config.eval_every == 0 or step == config.steps:
             accuracy = evaluate(model, valid_batches)
-            history.append({"step": step, "loss": running, "valid_accuracy": accuracy})
+            entry = {"step": step, "loss": running, "valid_accuracy": accuracy}
+            if monitor_batches:
+                entry["monitor_accuracy"] = {length: evaluate(model, b) for length, b in monitor_batches.items()}
+            history.append(entry)
             if log is not None:
                 log(
                     f"{config.model} {config.task} seed={config.seed} step={step} "
