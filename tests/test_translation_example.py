@@ -54,3 +54,20 @@ def test_smoke_run_writes_finite_perplexity_and_bleu(tmp_path):
         # BLEU is decoded with the cache (a config shared between the two models once lost it)
         assert json.loads((tmp_path / name / "generation_config.json").read_text())["use_cache"] is True
     assert summary["results"]["panm"]["num_parameters"] != summary["results"]["transformer"]["num_parameters"]
+
+
+def test_plot_runs_merges_result_files_with_distinct_labels(tmp_path):
+    import plot_runs
+
+    def run(placement, names):
+        curve = [{"epoch": 1.0, "test_perplexity": 9.0}, {"epoch": 2.0, "test_perplexity": 4.0}]
+        return {"placement": placement, "results": {name: {"epoch_perplexity": curve} for name in names}}
+
+    paths = []
+    for index, (placement, names) in enumerate([("replace", ["transformer", "panm"]), ("stack", ["panm"]),
+                                                ("replace", ["transformer"])]):
+        paths.append(tmp_path / f"run{index}.json")
+        paths[-1].write_text(json.dumps(run(placement, names)))
+    merged = plot_runs.main([*map(str, paths), "--output", str(tmp_path / "curves.png")])
+    assert list(merged) == ["transformer", "panm (replace)", "panm (stack)", "transformer@run2.json"]
+    assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

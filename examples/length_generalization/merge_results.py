@@ -19,7 +19,9 @@ def main() -> None:
     parser.add_argument("output_dir")
     parser.add_argument("inputs", nargs="+")
     parser.add_argument("--models", nargs="+", default=None, help="keep only the runs of these models")
-    parser.add_argument("--plot", action="store_true", help="also draw accuracy_vs_length.png")
+    parser.add_argument(
+        "--plot", action="store_true", help="also draw accuracy_vs_length.png (and monitor_curves.png if monitored)"
+    )
     args = parser.parse_args()
     results, metas = [], []
     for path in args.inputs:
@@ -29,9 +31,11 @@ def main() -> None:
     walls = [meta.get("wall_seconds") for meta in metas]
     summary = write_results(results, args.output_dir, meta={"commands": commands, "wall_seconds": walls})
     if args.plot:
-        from run import plot_accuracy  # the demo's plot (this script's folder is on sys.path)
+        from run import plot_accuracy, plot_monitor_curves  # the demo's plots (this folder is on sys.path)
 
         plot_accuracy(summary, Path(args.output_dir) / "accuracy_vs_length.png")
+        if all(entry.get("monitor_accuracy") for run in results for entry in run.history):
+            plot_monitor_curves(results, Path(args.output_dir) / "monitor_curves.png")
     print((Path(args.output_dir) / "results.md").read_text())
 
 

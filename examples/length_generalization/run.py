@@ -141,11 +141,13 @@ def plot_monitor_curves(results, path: Path) -> None:
     tasks = list(dict.fromkeys(result.task for result in results))
     fig, axes = plt.subplots(1, len(tasks), figsize=(5.5 * len(tasks), 3.8), squeeze=False)
     for ax, task in zip(axes[0], tasks):
-        for result in (r for r in results if r.task == task):
+        # Colour = test length, line style = run.
+        for run_index, result in enumerate(r for r in results if r.task == task):
             steps = [entry["step"] for entry in result.history]
-            for length in result.history[0]["monitor_accuracy"]:
+            for length_index, length in enumerate(result.history[0]["monitor_accuracy"]):
                 accuracy = [entry["monitor_accuracy"][length] for entry in result.history]
-                ax.plot(steps, accuracy, label=f"{result.model} s{result.seed} @ {length}", linewidth=1)
+                ax.plot(steps, accuracy, color=f"C{length_index}", linestyle=("-", "--", ":", "-.")[run_index % 4],
+                        label=f"{result.model} s{result.seed} @ {length}", linewidth=1)
             ax.axvline(result.best_step, color="grey", linewidth=0.5, linestyle=":")
         ax.set_ylim(0, 102)
         ax.set_xlabel("training step (dotted: checkpoint selected at L+1)")
