@@ -151,13 +151,14 @@ def train_and_evaluate(config: TrainConfig, *, progress: bool = False, log=None)
     valid_batches = fixed_eval_batches(
         config.task, spec.train_length + 1, config.eval_samples, config.eval_batch_size, _VALID_SEED, config.device
     )
-    # Diagnostic sets drawn from the test stream: watched during training, never used for selection.
-    monitor_batches = {
-        length: fixed_eval_batches(
+
+    def test_batches(length: int):
+        """The test set at `length`; the monitored lengths (a diagnostic, never used for selection) use it too."""
+        return fixed_eval_batches(
             config.task, length, config.eval_samples, config.eval_batch_size, _TEST_SEED, config.device
         )
-        for length in config.monitor_lengths
-    }
+
+    monitor_batches = {length: test_batches(length) for length in config.monitor_lengths}
     best_accuracy, best_step, best_state, history = -1.0, 0, None, []
     running = None
     steps = range(1, config.steps + 1)
@@ -204,12 +205,7 @@ def train_and_evaluate(config: TrainConfig, *, progress: bool = False, log=None)
     model.load_state_dict(best_state)
     model.eval()
     test_accuracy = {
-        length: evaluate(
-            model,
-            fixed_eval_batches(
-                config.task, length, config.eval_samples, config.eval_batch_size, _TEST_SEED, config.device
-            ),
-        )
+        length: evaluate(model, monitor_batches.get(length) or test_batches(length))
         for length in (*spec.test_lengths, *config.extra_test_lengths)
     }
     result = RunResult(
