@@ -7,6 +7,7 @@ machine load hits both alike; figures are medians. Ratios are PANM / backbone.
     python benchmarks/overhead.py                       # all sections, CPU-sized repeats
     python benchmarks/overhead.py --device cuda --repeats 50
     python benchmarks/overhead.py --sections train --cases seq2seq
+    python benchmarks/overhead.py --smoke --output /tmp/overhead.json   # every section, tiny models
 
 Cases (issue "Performance"):
   lstm     the algorithmic Copy model: PANM-LSTM vs the LSTM seq2seq baseline (L=10, batch 128)
@@ -15,6 +16,10 @@ Cases (issue "Performance"):
   qa       BERT-base-sized QA at sequence length 384 vs BertWithPanmForQuestionAnswering
 Peak memory: CUDA's max_memory_allocated on GPU; on CPU the rise of the process's peak RSS
 over one training step, measured in a fresh subprocess per model (CPU RSS is coarse).
+Section "cost" (no timing): FLOPs of one training step (forward + backward, matmul-class ops,
+RNNs counted as their matmuls) and the number of aten ops it dispatches, per variant; the
+FLOP ratio backbone/PANM is the throughput ratio a purely compute-bound device would reach.
+`--smoke` runs every section on tiny models in seconds (the CI test of this script).
 """
 
 from __future__ import annotations
@@ -27,9 +32,12 @@ import statistics
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import FlopCounterMode
 from transformers import BartConfig, BartForConditionalGeneration, BertConfig, BertForQuestionAnswering
 
 from panm_hf import PanmConfig, PanmForSeq2SeqLM
@@ -39,16 +47,35 @@ from panm_hf.tasks import build_model, make_batch, task_spec
 SEQ2SEQ = dict(vocab_size=8000, d_model=512, encoder_layers=3, decoder_layers=3, encoder_attention_heads=8,
                decoder_attention_heads=8, encoder_ffn_dim=2048, decoder_ffn_dim=2048, max_position_embeddings=1024,
                dropout=0.1)
+# Sizes of each case: the issue's (full) and tiny ones for the CI smoke run of this script.
+SIZES = {
+    "full": dict(lstm_batch=128, lstm_length=10, panm_lstm={}, lstm={}, seq2seq=SEQ2SEQ, seq2seq_batch=32,
+                 seq2seq_length=24, bert={}, qa_batch={"cuda": 8, "cpu": 2}, qa_length=384, panm={}),
+    "smoke": dict(lstm_batch=4, lstm_length=4,
+                  panm_lstm=dict(memory_dim=16, pointer_hidden_size=16, controller_hidden_size=16, mlp_hidden_size=16),
+                  lstm=dict(hidden_size=16),
+                  seq2seq=dict(vocab_size=100, d_model=16, encoder_layers=2, decoder_layers=2,
+                               encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32,
+                               decoder_ffn_dim=32, max_position_embeddings=64, dropout=0.1),
+                  seq2seq_batch=2, seq2seq_length=6,
+                  bert=dict(vocab_size=100, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                            intermediate_size=32),
+                  qa_batch={"cuda": 2, "cpu": 2}, qa_length=16,
+                  panm=dict(pointer_hidden_size=16, controller_hidden_size=16, mlp_hidden_size=16)),
+}
 
 
-# -- model/batch builders: each returns (model, batch, step_tokens, loss_fn) ---------------------------
-def build_case(case: str, variant: str, device: str, src_len: int | None = None, tgt_len: int | None = None):
+# -- model/batch builders: each returns (model, loss_fn, step_tokens) ----------------------------------
+def build_case(case: str, variant: str, device: str, src_len: int | None = None, tgt_len: int | None = None,
+               size: str = "full"):
+    sizes = SIZES[size]
     torch.manual_seed(0)
     if case == "lstm":
         spec = task_spec("copy")
-        length = src_len or 10
-        model = build_model("panm" if variant == "panm" else "lstm", spec.feature_dim)
-        batch = make_batch("copy", 128, length, generator=torch.Generator().manual_seed(0)).to(device)
+        length, batch_size = src_len or sizes["lstm_length"], sizes["lstm_batch"]
+        model = (build_model("panm", spec.feature_dim, **sizes["panm_lstm"]) if variant == "panm"
+                 else build_model("lstm", spec.feature_dim, **sizes["lstm"]))
+        batch = make_batch("copy", batch_size, length, generator=torch.Generator().manual_seed(0)).to(device)
         steps = tgt_len or batch.labels.shape[1]
 
         def loss_fn(m):
@@ -56,23 +83,25 @@ def build_case(case: str, variant: str, device: str, src_len: int | None = None,
             return torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch.labels[:, :steps].flatten(),
                                                      ignore_index=-100)
 
-        return model.to(device), loss_fn, 128 * steps
+        return model.to(device), loss_fn, batch_size * steps
     if case == "seq2seq":
-        config = BartConfig(**SEQ2SEQ)
+        config = BartConfig(**sizes["seq2seq"])
         model = (BartForConditionalGeneration(config) if variant == "backbone"
-                 else PanmForSeq2SeqLM(PanmConfig(text_config=config, placement=variant.split("-")[1])))
+                 else PanmForSeq2SeqLM(PanmConfig(text_config=config, placement=variant.split("-")[1],
+                                                  **sizes["panm"])))
         generator = torch.Generator().manual_seed(0)
-        src, tgt = src_len or 24, tgt_len or 24
-        inputs = {"input_ids": torch.randint(4, 8000, (32, src), generator=generator).to(device),
-                  "labels": torch.randint(4, 8000, (32, tgt), generator=generator).to(device)}
-        return model.to(device), lambda m: m(**inputs).loss, 32 * tgt
+        src, tgt = src_len or sizes["seq2seq_length"], tgt_len or sizes["seq2seq_length"]
+        batch_size, vocab = sizes["seq2seq_batch"], config.vocab_size
+        inputs = {"input_ids": torch.randint(4, vocab, (batch_size, src), generator=generator).to(device),
+                  "labels": torch.randint(4, vocab, (batch_size, tgt), generator=generator).to(device)}
+        return model.to(device), lambda m: m(**inputs).loss, batch_size * tgt
     if case == "qa":
-        config = BertConfig(max_position_embeddings=512)
+        config = BertConfig(max_position_embeddings=512, **sizes["bert"])
         model = (BertForQuestionAnswering(config) if variant == "backbone"
-                 else BertWithPanmForQuestionAnswering(PanmConfig(text_config=config)))
+                 else BertWithPanmForQuestionAnswering(PanmConfig(text_config=config, **sizes["panm"])))
         generator = torch.Generator().manual_seed(0)
-        batch_size, seq = (8 if device == "cuda" else 2), (src_len or 384)
-        inputs = {"input_ids": torch.randint(1000, 30000, (batch_size, seq), generator=generator).to(device),
+        batch_size, seq = sizes["qa_batch"]["cuda" if device == "cuda" else "cpu"], (src_len or sizes["qa_length"])
+        inputs = {"input_ids": torch.randint(4, config.vocab_size, (batch_size, seq), generator=generator).to(device),
                   "start_positions": torch.randint(0, seq, (batch_size,), generator=generator).to(device),
                   "end_positions": torch.randint(0, seq, (batch_size,), generator=generator).to(device)}
         return model.to(device), lambda m: m(**inputs).loss, batch_size * seq
@@ -114,7 +143,7 @@ def time_interleaved(runs: dict, repeats: int, warmup: int, device: str) -> dict
 def bench_train(case: str, args) -> dict:
     runs, tokens = {}, {}
     for variant in VARIANTS[case]:
-        model, loss_fn, step_tokens = build_case(case, variant, args.device)
+        model, loss_fn, step_tokens = build_case(case, variant, args.device, size=args.size)
         model.train()
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
         runs[variant] = (lambda m=model, f=loss_fn, o=optimizer: train_step(m, f, o))
@@ -134,7 +163,7 @@ def bench_train(case: str, args) -> dict:
 
 def peak_memory(case: str, variant: str, args) -> float | None:
     if args.device == "cuda":
-        model, loss_fn, _ = build_case(case, variant, "cuda")
+        model, loss_fn, _ = build_case(case, variant, "cuda", size=args.size)
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
         train_step(model, loss_fn, optimizer)  # optimizer state allocated
         torch.cuda.synchronize()
@@ -142,14 +171,14 @@ def peak_memory(case: str, variant: str, args) -> float | None:
         train_step(model, loss_fn, optimizer)
         torch.cuda.synchronize()
         return torch.cuda.max_memory_allocated() / 2**20
-    probe = subprocess.run([sys.executable, __file__, "--memory-probe", case, variant], capture_output=True,
-                           text=True, check=True)
+    probe = subprocess.run([sys.executable, __file__, "--memory-probe", case, variant, args.size],
+                           capture_output=True, text=True, check=True)
     return float(probe.stdout.strip().splitlines()[-1])
 
 
-def memory_probe(case: str, variant: str) -> None:
+def memory_probe(case: str, variant: str, size: str) -> None:
     """CPU: peak-RSS rise (MB) over a training step after a first step allocated the optimizer state."""
-    model, loss_fn, _ = build_case(case, variant, "cpu")
+    model, loss_fn, _ = build_case(case, variant, "cpu", size=size)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     train_step(model, loss_fn, optimizer)
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -162,12 +191,15 @@ def memory_probe(case: str, variant: str) -> None:
 
 
 def bench_generate(args) -> dict:
-    config = BartConfig(**{**SEQ2SEQ, "dropout": 0.0})
+    sizes = SIZES[args.size]
+    config = BartConfig(**{**sizes["seq2seq"], "dropout": 0.0})
     torch.manual_seed(0)
     backbone = BartForConditionalGeneration(config).to(args.device).eval()
-    panm = PanmForSeq2SeqLM(PanmConfig(text_config=config, placement="replace")).to(args.device).eval()
+    panm = PanmForSeq2SeqLM(PanmConfig(text_config=config, placement="replace", **sizes["panm"]))
+    panm = panm.to(args.device).eval()
     generator = torch.Generator().manual_seed(0)
-    input_ids = torch.randint(4, 8000, (args.gen_batch, 24), generator=generator).to(args.device)
+    source_shape = (args.gen_batch, sizes["seq2seq_length"])
+    input_ids = torch.randint(4, config.vocab_size, source_shape, generator=generator).to(args.device)
     result = {}
     for beams in (1, 4):
         kwargs = dict(max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens, num_beams=beams,
@@ -189,12 +221,13 @@ def bench_generate(args) -> dict:
 
 def bench_scaling(args) -> dict:
     """PANM's share of a training step as the input length L and output length T grow (to 8x)."""
-    curve = []
-    for factor in (1, 2, 4, 8):
-        length = 10 * factor
+    sizes, curve = SIZES[args.size], []
+    factors = (1, 2) if args.size == "smoke" else (1, 2, 4, 8)
+    for factor in factors:
+        length = sizes["lstm_length"] * factor
         runs = {}
         for variant in VARIANTS["lstm"]:
-            model, loss_fn, _ = build_case("lstm", variant, args.device, src_len=length)
+            model, loss_fn, _ = build_case("lstm", variant, args.device, src_len=length, size=args.size)
             optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
             runs[variant] = (lambda m=model, f=loss_fn, o=optimizer: train_step(m, f, o))
         medians = time_interleaved(runs, max(3, args.repeats // 2), 1, args.device)
@@ -202,11 +235,11 @@ def bench_scaling(args) -> dict:
                       "panm_step_s": medians["panm"], "ratio": medians["backbone"] / medians["panm"]})
         print(f"  scaling lstm L=T={length}: backbone {medians['backbone'] * 1e3:.1f} ms, "
               f"panm {medians['panm'] * 1e3:.1f} ms", flush=True)
-    for factor in (1, 2, 4, 8):
-        src, tgt = 24 * factor, 24 * factor
+    for factor in factors:
+        src = tgt = sizes["seq2seq_length"] * factor
         runs = {}
         for variant in ("backbone", "panm-replace"):
-            model, loss_fn, _ = build_case("seq2seq", variant, args.device, src_len=src, tgt_len=tgt)
+            model, loss_fn, _ = build_case("seq2seq", variant, args.device, src_len=src, tgt_len=tgt, size=args.size)
             optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
             runs[variant] = (lambda m=model, f=loss_fn, o=optimizer: train_step(m, f, o))
         medians = time_interleaved(runs, max(3, args.repeats // 2), 1, args.device)
@@ -218,10 +251,51 @@ def bench_scaling(args) -> dict:
     return {"curve": curve}
 
 
+class OpCounter(TorchDispatchMode):
+    """Counts the aten ops dispatched (forward and backward), the kernels a step launches."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def step_cost(loss_fn) -> dict:
+    """FLOPs and aten ops of one forward + backward of `loss_fn()` (the optimizer step is elementwise).
+
+    FLOPs count matmul-class ops only; oneDNN is switched off for that pass so RNN layers run as
+    their matmuls and are counted. The op count is taken on the normal execution path.
+    """
+    with warnings.catch_warnings():  # toggling oneDNN warns about TF32 on Intel GPUs
+        warnings.simplefilter("ignore", UserWarning)
+        with torch.backends.mkldnn.flags(enabled=False), FlopCounterMode(display=False) as flops:
+            loss_fn().backward()
+    counter = OpCounter()
+    with counter:
+        loss_fn().backward()
+    return {"gflops": flops.get_total_flops() / 1e9, "aten_ops": counter.count}
+
+
+def bench_cost(case: str, args) -> dict:
+    result = {}
+    for variant in VARIANTS[case]:
+        model, loss_fn, step_tokens = build_case(case, variant, args.device, size=args.size)
+        model.train()
+        result[variant] = {**step_cost(lambda m=model, f=loss_fn: f(m)), "step_tokens": step_tokens}
+    base = result["backbone"]
+    for row in result.values():
+        row["flop_ratio"] = base["gflops"] / row["gflops"]  # the compute-bound ceiling of the throughput ratio
+        row["op_ratio"] = row["aten_ops"] / base["aten_ops"]
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--sections", default="train,generate,scaling")
+    parser.add_argument("--sections", default="train,generate,scaling,cost")
     parser.add_argument("--cases", default="lstm,seq2seq,qa")
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=2)
@@ -230,8 +304,12 @@ def main() -> None:
     parser.add_argument("--gen-repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     parser.add_argument("--output", default="docs/results/overhead.json")
-    parser.add_argument("--memory-probe", nargs=2, metavar=("CASE", "VARIANT"), help=argparse.SUPPRESS)
+    parser.add_argument("--smoke", action="store_true", help="tiny models, 1 repeat, 4 new tokens (seconds)")
+    parser.add_argument("--memory-probe", nargs=3, metavar=("CASE", "VARIANT", "SIZE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    args.size = "smoke" if args.smoke else "full"
+    if args.smoke:
+        args.repeats, args.warmup, args.gen_repeats, args.new_tokens = 1, 1, 1, 4
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.memory_probe:
@@ -257,6 +335,14 @@ def main() -> None:
                   f"{row['per_token_time_ratio']:.3f}", flush=True)
     if "scaling" in sections:
         report["scaling"] = bench_scaling(args)
+    if "cost" in sections:
+        report["cost"] = {}
+        for case in args.cases.split(","):
+            report["cost"][case] = bench_cost(case, args)
+            for variant, row in report["cost"][case].items():
+                print(f"cost  {case:8s} {variant:13s} {row['gflops']:9.2f} GFLOP/step  flop ratio "
+                      f"{row['flop_ratio']:.3f}  {row['aten_ops']:6d} aten ops  op ratio {row['op_ratio']:.2f}",
+                      flush=True)
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     Path(args.output).write_text(json.dumps(report, indent=2))
     print(f"wrote {args.output}")
