@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -209,3 +210,34 @@ def test_demo_monitor_flag_writes_curves(tmp_path):
     assert (tmp_path / "monitor_curves.png").read_bytes()[:8] == PNG_MAGIC
     with pytest.raises(ValueError, match="--monitor-lengths"):
         run.parse_args(["--monitor-lengths", "0"])
+
+
+def test_evaluate_with_loss_is_cross_entropy_per_real_token():
+    from panm_hf.tasks import make_batch
+    from panm_hf.tasks.harness import evaluate_with_loss
+    from panm_hf.tasks.models import AlgorithmicModelOutput
+
+    class Uniform(torch.nn.Module):
+        def forward(self, inputs, attention_mask, num_steps, **_):
+            return AlgorithmicModelOutput(logits=torch.zeros(inputs.shape[0], num_steps, 10))
+
+    batch = make_batch("copy", 16, (3, 7), generator=torch.Generator().manual_seed(0))
+    accuracy, loss = evaluate_with_loss(Uniform(), [batch])
+    real = batch.labels[batch.labels != -100]
+    assert loss == pytest.approx(math.log(10), rel=1e-6)  # uniform over 10 tokens, padding ignored
+    assert accuracy == pytest.approx(100.0 * (real == 0).float().mean().item())  # argmax of equal logits is 0
+
+
+def test_history_records_the_validation_loss_of_the_selected_checkpoint():
+    from panm_hf.tasks.harness import TrainConfig, train_and_evaluate
+
+    config = TrainConfig(task="copy", model="panm", steps=6, batch_size=8, eval_every=2, eval_samples=8,
+                         eval_batch_size=8,
+                         model_kwargs={"pointer_hidden_size": 16, "controller_hidden_size": 16, "mlp_hidden_size": 16})
+    result, _ = train_and_evaluate(config)
+    assert [e["step"] for e in result.history] == [2, 4, 6]
+    assert all(math.isfinite(e["valid_loss"]) and e["valid_loss"] > 0 for e in result.history)
+    top = max(e["valid_accuracy"] for e in result.history)
+    selected = [e for e in result.history if e["valid_accuracy"] == top][-1]  # ties go to the later one
+    assert result.best_step == selected["step"]
+    assert result.best_valid_loss == selected["valid_loss"]
