@@ -292,6 +292,16 @@ def bench_cost(case: str, args) -> dict:
     return result
 
 
+def per_case(bench, args, section: str, describe) -> dict:
+    """Run `bench(case, args)` for every case of `--cases`, printing one line per variant."""
+    results = {}
+    for case in args.cases.split(","):
+        results[case] = bench(case, args)
+        for variant, row in results[case].items():
+            print(f"{section:5s} {case:8s} {variant:13s} {describe(row)}", flush=True)
+    return results
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -320,13 +330,9 @@ def main() -> None:
               "threads": torch.get_num_threads(), "torch": torch.__version__, "command": " ".join(sys.argv)}
     sections = args.sections.split(",")
     if "train" in sections:
-        report["train"] = {}
-        for case in args.cases.split(","):
-            report["train"][case] = bench_train(case, args)
-            for variant, row in report["train"][case].items():
-                print(f"train {case:8s} {variant:13s} {row['tokens_per_s']:10.0f} tok/s  "
-                      f"ratio {row['throughput_ratio']:.3f}  peak {row['peak_memory_mb'] or 0:8.1f} MB  "
-                      f"mem ratio {row.get('memory_ratio', float('nan')):.3f}", flush=True)
+        report["train"] = per_case(bench_train, args, "train", lambda row: (
+            f"{row['tokens_per_s']:10.0f} tok/s  ratio {row['throughput_ratio']:.3f}  "
+            f"peak {row['peak_memory_mb'] or 0:8.1f} MB  mem ratio {row.get('memory_ratio', float('nan')):.3f}"))
     if "generate" in sections:
         report["generate"] = bench_generate(args)
         for name, row in report["generate"].items():
@@ -336,13 +342,9 @@ def main() -> None:
     if "scaling" in sections:
         report["scaling"] = bench_scaling(args)
     if "cost" in sections:
-        report["cost"] = {}
-        for case in args.cases.split(","):
-            report["cost"][case] = bench_cost(case, args)
-            for variant, row in report["cost"][case].items():
-                print(f"cost  {case:8s} {variant:13s} {row['gflops']:9.2f} GFLOP/step  flop ratio "
-                      f"{row['flop_ratio']:.3f}  {row['aten_ops']:6d} aten ops  op ratio {row['op_ratio']:.2f}",
-                      flush=True)
+        report["cost"] = per_case(bench_cost, args, "cost", lambda row: (
+            f"{row['gflops']:9.2f} GFLOP/step  flop ratio {row['flop_ratio']:.3f}  "
+            f"{row['aten_ops']:6d} aten ops  op ratio {row['op_ratio']:.2f}"))
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     Path(args.output).write_text(json.dumps(report, indent=2))
     print(f"wrote {args.output}")
