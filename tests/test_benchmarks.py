@@ -61,5 +61,8 @@ def test_overhead_benchmark_smoke_writes_every_section(tmp_path):
         # PANM adds the Pointer-Unit loop's kernels on top of the backbone's
         assert all(row["aten_ops"] > rows["backbone"]["aten_ops"] for name, row in rows.items() if name != "backbone")
     assert set(report["generate"]) == {"greedy", "beam4"}
-    assert all(row["per_token_time_ratio"] > 0 for row in report["generate"].values())
+    for rows in report["generate"].values():
+        assert set(rows) == {"backbone", "panm-replace", "panm-stack"}
+        assert rows["backbone"]["per_token_time_ratio"] == 1.0
+        assert all(row["per_token_time_ratio"] > 0 and row["tokens_per_s"] > 0 for row in rows.values())
     assert [point["L"] for point in report["scaling"]["curve"]] == [4, 8, 6, 12]
