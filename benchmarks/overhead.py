@@ -219,38 +219,41 @@ def bench_generate(args) -> dict:
         result[name] = {variant: {"tokens_per_s": tokens / s, "ms_per_token": 1000 * s / args.new_tokens,
                                   "per_token_time_ratio": s / medians["backbone"]}
                         for variant, s in medians.items()}
+    for variant, model in models.items():  # kernels one more greedy token dispatches (no timing)
+        result["greedy"][variant]["aten_ops_per_token"] = ops_per_generated_token(model, input_ids)
     return result
+
+
+def ops_per_generated_token(model, input_ids: torch.Tensor, tokens: int = 4) -> float:
+    """Aten ops of greedy generation with `2 * tokens` new tokens minus `tokens`, per token (prefill cancels)."""
+    counts = []
+    for new_tokens in (tokens, 2 * tokens):
+        counter = OpCounter()
+        with torch.no_grad(), counter:
+            model.generate(input_ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
+        counts.append(counter.count)
+    return (counts[1] - counts[0]) / tokens
 
 
 def bench_scaling(args) -> dict:
     """PANM's share of a training step as the input length L and output length T grow (to 8x)."""
     sizes, curve = SIZES[args.size], []
     factors = (1, 2) if args.size == "smoke" else (1, 2, 4, 8)
-    for factor in factors:
-        length = sizes["lstm_length"] * factor
-        runs = {}
-        for variant in VARIANTS["lstm"]:
-            model, loss_fn, _ = build_case("lstm", variant, args.device, src_len=length, size=args.size)
-            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-            runs[variant] = (lambda m=model, f=loss_fn, o=optimizer: train_step(m, f, o))
-        medians = time_interleaved(runs, max(3, args.repeats // 2), 1, args.device)
-        curve.append({"case": "lstm", "L": length, "T": length, "backbone_step_s": medians["backbone"],
-                      "panm_step_s": medians["panm"], "ratio": medians["backbone"] / medians["panm"]})
-        print(f"  scaling lstm L=T={length}: backbone {medians['backbone'] * 1e3:.1f} ms, "
-              f"panm {medians['panm'] * 1e3:.1f} ms", flush=True)
-    for factor in factors:
-        src = tgt = sizes["seq2seq_length"] * factor
-        runs = {}
-        for variant in ("backbone", "panm-replace"):
-            model, loss_fn, _ = build_case("seq2seq", variant, args.device, src_len=src, tgt_len=tgt, size=args.size)
-            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-            runs[variant] = (lambda m=model, f=loss_fn, o=optimizer: train_step(m, f, o))
-        medians = time_interleaved(runs, max(3, args.repeats // 2), 1, args.device)
-        curve.append({"case": "seq2seq", "L": src, "T": tgt, "backbone_step_s": medians["backbone"],
-                      "panm_step_s": medians["panm-replace"],
-                      "ratio": medians["backbone"] / medians["panm-replace"]})
-        print(f"  scaling seq2seq L=T={src}: backbone {medians['backbone'] * 1e3:.1f} ms, "
-              f"panm {medians['panm-replace'] * 1e3:.1f} ms", flush=True)
+    for case, panm, base_length in (("lstm", "panm", sizes["lstm_length"]),
+                                    ("seq2seq", "panm-replace", sizes["seq2seq_length"])):
+        for factor in factors:
+            length = base_length * factor  # L = T
+            runs = {}
+            for variant in ("backbone", panm):
+                model, loss_fn, _ = build_case(case, variant, args.device, src_len=length, tgt_len=length,
+                                               size=args.size)
+                optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+                runs[variant] = (lambda m=model, f=loss_fn, o=optimizer: train_step(m, f, o))
+            medians = time_interleaved(runs, max(3, args.repeats // 2), 1, args.device)
+            curve.append({"case": case, "L": length, "T": length, "backbone_step_s": medians["backbone"],
+                          "panm_step_s": medians[panm], "ratio": medians["backbone"] / medians[panm]})
+            print(f"  scaling {case} L=T={length}: backbone {medians['backbone'] * 1e3:.1f} ms, "
+                  f"panm {medians[panm] * 1e3:.1f} ms", flush=True)
     return {"curve": curve}
 
 
@@ -340,8 +343,9 @@ def main() -> None:
         report["generate"] = bench_generate(args)
         for name, rows in report["generate"].items():
             for variant, row in rows.items():
+                ops = f"  {row['aten_ops_per_token']:.0f} aten ops/token" if "aten_ops_per_token" in row else ""
                 print(f"generate {name:7s} {variant:13s} {row['tokens_per_s']:8.1f} tok/s  per-token time ratio "
-                      f"{row['per_token_time_ratio']:.3f}", flush=True)
+                      f"{row['per_token_time_ratio']:.3f}{ops}", flush=True)
     if "scaling" in sections:
         report["scaling"] = bench_scaling(args)
     if "cost" in sections:

@@ -34,9 +34,9 @@ def test_step_cost_counts_rnn_matmuls():
     overhead = load_overhead()
     gru = torch.nn.GRU(4, 6, batch_first=True)
     inputs = torch.randn(2, 3, 4)
-    forward = overhead.step_cost(lambda: gru(inputs)[0].sum())
+    cost = overhead.step_cost(lambda: gru(inputs)[0].sum())
     # oneDNN is off for counting, so the GRU's matmuls are seen: at least its forward 2*B*T*3H*(I+H)
-    assert forward["gflops"] * 1e9 >= 2 * 2 * 3 * 18 * (4 + 6)
+    assert cost["gflops"] * 1e9 >= 2 * 2 * 3 * 18 * (4 + 6)
 
 
 def test_overhead_benchmark_smoke_writes_every_section(tmp_path):
@@ -65,4 +65,7 @@ def test_overhead_benchmark_smoke_writes_every_section(tmp_path):
         assert set(rows) == {"backbone", "panm-replace", "panm-stack"}
         assert rows["backbone"]["per_token_time_ratio"] == 1.0
         assert all(row["per_token_time_ratio"] > 0 and row["tokens_per_s"] > 0 for row in rows.values())
+    greedy = report["generate"]["greedy"]
+    # each cached token runs PANM's step on top of (stack) or instead of a layer of (replace) the decoder
+    assert greedy["panm-stack"]["aten_ops_per_token"] > greedy["backbone"]["aten_ops_per_token"] > 0
     assert [point["L"] for point in report["scaling"]["curve"]] == [4, 8, 6, 12]
