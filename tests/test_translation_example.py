@@ -71,3 +71,6 @@ def test_plot_runs_merges_result_files_with_distinct_labels(tmp_path):
     merged = plot_runs.main([*map(str, paths), "--output", str(tmp_path / "curves.png")])
     assert list(merged) == ["transformer", "panm (replace)", "panm (stack)", "transformer@run2.json"]
     assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    (tmp_path / "other.json").write_text(json.dumps({"results": {}}))
+    with pytest.raises(ValueError, match="placement"):
+        plot_runs.main([str(tmp_path / "other.json"), "--output", str(tmp_path / "x.png")])

@@ -23,6 +23,9 @@ def collect(paths: list[str]) -> dict:
     merged: dict = {}
     for path in paths:
         run = json.loads(Path(path).read_text())
+        missing = [key for key in ("results", "placement") if key not in run]
+        if missing:
+            raise ValueError(f"{path} lacks {missing}; pass results.json files written by run_translation.py.")
         for name, result in run["results"].items():
             label = f"{name} ({run['placement']})" if name == "panm" else name
             if label in merged:
