@@ -7,7 +7,7 @@ from transformers.configuration_utils import SubConfigSpec
 
 from .memory import validate_panm_hyperparameters
 
-PLACEMENTS = ("stack", "replace")
+PLACEMENTS = ("stack", "replace", "residual")
 # Attributes read from the outer config by Trainer, Seq2SeqTrainer, generate() and weight tying.
 MIRRORED_ATTRIBUTES = (
     "pad_token_id",
@@ -56,7 +56,9 @@ class PanmConfig(PreTrainedConfig):
             where the Controller goes in a seq2seq backbone's decoder: `"stack"` adds it after the
             last decoder layer through a zero-initialised residual (a freshly wrapped pretrained
             model is exactly the backbone); `"replace"` replaces the last decoder layer, the
-            paper's setup that keeps the parameter count.
+            paper's setup that keeps the parameter count; `"residual"` replaces the last decoder layer
+            too but joins the Controller's output to the decoder stream as a Transformer sublayer does,
+            `LayerNorm(z_t + o_t)` (the paper's `replace` feeds the logits from the Controller alone).
         pointer_update (`str`, *optional*, defaults to `"attention"`):
             how a Pointer Unit moves its pointer. `"attention"` is the paper's Eq. 2. `"shift"` (beyond
             the paper) adds content-free pointer arithmetic: each unit picks, by one softmax, among
@@ -69,6 +71,13 @@ class PanmConfig(PreTrainedConfig):
             beyond the paper: in training, this many distractor addresses per sample (a real address
             plus a multiple of the smallest power of two covering the input) join the address bank the
             Pointer Units attend over; weight put on them reads nothing. 0 disables; no effect in eval.
+        content_read (`str`, *optional*, defaults to `"none"`):
+            `"none"` keeps the paper's reads; `"decoder"` (beyond the paper's equations, after the
+            authors' code, which has an attention over `M` inside the Controller) adds a content
+            attention over `M` queried by the decoder state `z_t`, fed to the Controller with the
+            Mode-1/Mode-2 values. Seq2seq only (the QA head has no `z_t`).
+        panm_dropout (`float`, *optional*, defaults to 0.0):
+            dropout on the reads entering the Controller and on its output (the paper has none).
     """
 
     model_type = "panm"
@@ -88,6 +97,8 @@ class PanmConfig(PreTrainedConfig):
     pointer_update: str = "attention"
     shift_range: int = 1
     address_distractors: int = 0
+    content_read: str = "none"
+    panm_dropout: float | int = 0.0
     pad_token_id: int | None = None
     bos_token_id: int | None = None
     eos_token_id: int | list[int] | None = None
@@ -115,6 +126,8 @@ class PanmConfig(PreTrainedConfig):
             pointer_update=self.pointer_update,
             shift_range=self.shift_range,
             address_distractors=self.address_distractors,
+            content_read=self.content_read,
+            panm_dropout=self.panm_dropout,
         )
         if self.placement not in PLACEMENTS:
             raise ValueError(f"placement={self.placement!r} is not supported; choose one of {PLACEMENTS}.")
@@ -138,6 +151,8 @@ class PanmConfig(PreTrainedConfig):
             "pointer_update": self.pointer_update,
             "shift_range": self.shift_range,
             "address_distractors": self.address_distractors,
+            "content_read": self.content_read,
+            "panm_dropout": float(self.panm_dropout),
         }
 
 

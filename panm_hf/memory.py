@@ -20,7 +20,7 @@ from .attention import SCORINGS
 from .controller import CONTROLLER_INITS, Controller
 from .pointer_arithmetic import POINTER_UPDATES
 from .pointer_unit import PointerUnits
-from .reads import Mode2Reader, mode1_read
+from .reads import CONTENT_READS, DecoderContentReader, Mode2Reader, mode1_read
 from .state import AddressedMemory, PanmState
 
 
@@ -53,6 +53,8 @@ def validate_panm_hyperparameters(
     pointer_update: str = "attention",
     shift_range: int = 1,
     address_distractors: int = 0,
+    content_read: str = "none",
+    panm_dropout: float = 0.0,
 ) -> None:
     """Raise ValueError naming the field when a PANM hyperparameter is out of range."""
     if not isinstance(address_bits, int) or address_bits < 1:
@@ -79,6 +81,13 @@ def validate_panm_hyperparameters(
         raise ValueError(f"shift_range must be an integer >= 1 (got {shift_range!r}); 1 allows steps -1, 0, +1.")
     if not isinstance(address_distractors, int) or address_distractors < 0:
         raise ValueError(f"address_distractors must be an integer >= 0 (got {address_distractors!r}); 0 disables.")
+    if content_read not in CONTENT_READS:
+        raise ValueError(
+            f"content_read={content_read!r} is not supported; choose one of {CONTENT_READS} "
+            '("none" is the paper\'s equations).'
+        )
+    if isinstance(panm_dropout, bool) or not isinstance(panm_dropout, (int, float)) or not 0.0 <= panm_dropout < 1.0:
+        raise ValueError(f"panm_dropout must be a probability in [0, 1) (got {panm_dropout!r}); 0 disables it.")
     if pointer_update == "shift" and address_distractors > 0:
         raise ValueError(
             'pointer_update="shift" moves pointers over consecutive slots and cannot be combined with '
@@ -121,6 +130,11 @@ class PanmMemory(nn.Module):
         address_distractors: beyond the paper: in training, this many distractor addresses per sample
             join the address bank the Pointer Units attend over (`sample_distractor_addresses`);
             weight put on them reads nothing. 0 (default) disables; no effect in eval mode.
+        content_read: `"none"` (the paper's equations) or `"decoder"`: one more read, a content
+            attention over `M` queried by `z_t` (`reads.DecoderContentReader`), fed to the Controller
+            with the Mode-1 and Mode-2 values. Needs `decoder_input_size > 0`.
+        panm_dropout: dropout on the reads entering the Controller and on its output (the paper
+            has none; the authors' code drops 0.5 of the Mode-2 attention).
     """
 
     def __init__(
@@ -141,6 +155,8 @@ class PanmMemory(nn.Module):
         pointer_update: str = "attention",
         shift_range: int = 1,
         address_distractors: int = 0,
+        content_read: str = "none",
+        panm_dropout: float = 0.0,
     ):
         super().__init__()
         validate_panm_hyperparameters(
@@ -152,7 +168,14 @@ class PanmMemory(nn.Module):
             pointer_update=pointer_update,
             shift_range=shift_range,
             address_distractors=address_distractors,
+            content_read=content_read,
+            panm_dropout=panm_dropout,
         )
+        if content_read != "none" and decoder_input_size == 0:
+            raise ValueError(
+                f"content_read={content_read!r} queries memory with the decoder state z_t, but this PanmMemory "
+                "has no decoder input (decoder_input_size=0, as in the QA head); use content_read=\"none\"."
+            )
         self.address_distractors = address_distractors
         self.memory_dim = memory_dim
         self.decoder_input_size = decoder_input_size
@@ -181,8 +204,20 @@ class PanmMemory(nn.Module):
             if num_mode2_heads > 0
             else None
         )
+        self.content_reader = (
+            DecoderContentReader(
+                memory_dim=memory_dim,
+                decoder_input_size=decoder_input_size,
+                scoring=scoring,
+                cosine_inverse_temperature=cosine_inverse_temperature,
+            )
+            if content_read == "decoder"
+            else None
+        )
+        self.dropout = nn.Dropout(panm_dropout)
+        num_reads = num_pointer_units + num_mode2_heads + (1 if self.content_reader is not None else 0)
         self.controller = Controller(
-            read_size=(num_pointer_units + num_mode2_heads) * memory_dim,
+            read_size=num_reads * memory_dim,
             decoder_input_size=decoder_input_size,
             memory_dim=memory_dim,
             hidden_size=controller_hidden_size,
@@ -356,8 +391,12 @@ class PanmMemory(nn.Module):
                 mode1_values, memory.memory_states, memory.attention_mask
             )
             reads.append(mode2_values)
-        reads = rearrange(torch.cat(reads, dim=2), "b t h d -> b t (h d)")  # (batch, steps, (units+heads)*dim)
-        hidden_states, controller_hidden = self.controller(reads, decoder_states, state.controller_hidden)
+        if self.content_reader is not None:
+            content_values, _ = self.content_reader(decoder_states, memory.memory_states, memory.attention_mask)
+            reads.append(content_values)
+        reads = rearrange(torch.cat(reads, dim=2), "b t h d -> b t (h d)")  # (batch, steps, num_reads*dim)
+        hidden_states, controller_hidden = self.controller(self.dropout(reads), decoder_states, state.controller_hidden)
+        hidden_states = self.dropout(hidden_states)
         return PanmMemoryOutput(
             hidden_states=hidden_states,
             state=PanmState(

@@ -79,11 +79,12 @@ class PanmForSeq2SeqLM(PanmPreTrainedModel, GenerationMixin):
         if backbone is None:
             backbone = AutoModelForSeq2SeqLM.from_config(config.text_config)
         self.backbone = backbone
-        if config.placement == "replace":
+        if config.placement in ("replace", "residual"):
             layers = get_path(self.backbone, self.parts.decoder_layers)
             if len(layers) < 2:
                 raise ValueError(
-                    f"placement='replace' removes the backbone's last decoder layer, but it has {len(layers)}; "
+                    f"placement={config.placement!r} removes the backbone's last decoder layer, but it has "
+                    f"{len(layers)}; "
                     "use placement='stack' or a backbone with at least 2 decoder layers."
                 )
             del layers[-1]
@@ -94,6 +95,8 @@ class PanmForSeq2SeqLM(PanmPreTrainedModel, GenerationMixin):
             output_size=decoder_dim,
             **config.panm_kwargs(),
         )
+        # placement="residual": the Controller's output joins z_t as a post-LN Transformer sublayer.
+        self.output_norm = nn.LayerNorm(decoder_dim) if config.placement == "residual" else None
         self.post_init()
 
     def _zero_init_module(self) -> nn.Module | None:
@@ -244,6 +247,8 @@ class PanmForSeq2SeqLM(PanmPreTrainedModel, GenerationMixin):
 
         if self.config.placement == "stack":
             hidden = decoder_states + panm_output.hidden_states.to(decoder_states.dtype)
+        elif self.config.placement == "residual":
+            hidden = self.output_norm(decoder_states + panm_output.hidden_states.to(decoder_states.dtype))
         else:
             hidden = panm_output.hidden_states
         logits = self._logits(hidden)  # (batch, tgt_len, vocab)

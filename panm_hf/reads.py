@@ -14,6 +14,8 @@ from torch import nn
 
 from .attention import AttentionScorer, masked_softmax
 
+CONTENT_READS = ("none", "decoder")
+
 
 def mode1_read(address_weights: torch.Tensor, memory_states: torch.Tensor) -> torch.Tensor:
     """Dereference pointers: `(batch, steps, units, slots)` x `(batch, slots, dim)` -> `(batch, steps, units, dim)`."""
@@ -74,3 +76,40 @@ class Mode2Reader(nn.Module):
         weights = masked_softmax(scores, attention_mask[:, None, None, :])
         values = torch.einsum("bths,bsd->bthd", weights, memory_states)  # (batch, steps, heads, dim)
         return values, weights
+
+
+class DecoderContentReader(nn.Module):
+    """Beyond the paper's equations: content attention over `M` queried by the decoder state `z_t`.
+
+    Every PANM read in the paper depends only on (step, `p_B`, `p_E`, `M`), never on what has
+    been decoded: the Pointer Units see no content and Mode 2 is queried by Mode-1 values. On a
+    Transformer decoder those reads are a fixed positional schedule the cross-attention already
+    covers. The authors' released code adds a Bahdanau attention over `M` inside the Controller;
+    this reader queries it with `z_t` instead of the Controller state, so a teacher-forced
+    sequence still runs in one pass. The Pointer Units still see no content (principle II).
+
+    Args:
+        memory_dim: size of a memory slot `d_m`.
+        decoder_input_size: size of `z_t`.
+        scoring: `"dot"` or `"cosine"`.
+        cosine_inverse_temperature: initial inverse temperature for `"cosine"`.
+    """
+
+    def __init__(self, *, memory_dim: int, decoder_input_size: int, scoring: str, cosine_inverse_temperature: float):
+        super().__init__()
+        self.query = nn.Linear(decoder_input_size, memory_dim)
+        self.scorer = AttentionScorer(
+            scoring=scoring, dim=memory_dim, cosine_inverse_temperature=cosine_inverse_temperature
+        )
+
+    def forward(
+        self, decoder_states: torch.Tensor, memory_states: torch.Tensor, attention_mask: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`(batch, steps, dec)`, `(batch, slots, dim)`, `(batch, slots)` ->
+        `(values (batch, steps, 1, dim), weights (batch, steps, 1, slots))`."""
+        queries = self.scorer.prepare_queries(self.query(decoder_states.to(memory_states.dtype)))  # (batch, steps, dim)
+        keys = self.scorer.prepare_keys(memory_states)  # (batch, slots, dim)
+        scores = torch.einsum("btd,bsd->bts", queries, keys)  # (batch, steps, slots)
+        weights = masked_softmax(scores, attention_mask[:, None, :])
+        values = torch.einsum("bts,bsd->btd", weights, memory_states)  # (batch, steps, dim)
+        return values.unsqueeze(2), weights.unsqueeze(2)

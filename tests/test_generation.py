@@ -38,16 +38,25 @@ def _backbone_config(model_type: str):
 
 
 PLACEMENTS = ("stack", "replace")
-# (backbone, placement, pointer_update): the paper's Pointer Unit everywhere, and the beyond-the-paper
-# "shift" update (its state carries the previous address attention) on two backbones.
+# Beyond-the-paper variants: the "shift" update (its state carries the previous address attention) and
+# the decoder-queried content read with dropout (eval mode: no dropout, so generation stays deterministic).
+VARIANTS = {
+    "attention": {},
+    "shift": {"pointer_update": "shift"},
+    "content": {"content_read": "decoder", "panm_dropout": 0.1},
+}
+# (backbone, placement, variant): the paper's Pointer Unit everywhere, the variants on some backbones.
 CASES = [
     *[(model_type, placement, "attention") for model_type in ("bart", "t5", "marian") for placement in PLACEMENTS],
     ("bart", "replace", "shift"),
     ("t5", "stack", "shift"),
+    ("marian", "residual", "content"),
+    ("t5", "residual", "attention"),
+    ("bart", "stack", "content"),
 ]
 
 
-def build_model(model_type: str, placement: str, pointer_update: str = "attention") -> PanmForSeq2SeqLM:
+def build_model(model_type: str, placement: str, variant: str = "attention") -> PanmForSeq2SeqLM:
     torch.manual_seed(0)
     config = PanmConfig(
         text_config=_backbone_config(model_type).to_dict(),
@@ -56,14 +65,14 @@ def build_model(model_type: str, placement: str, pointer_update: str = "attentio
         controller_hidden_size=16,
         mlp_hidden_size=16,
         placement=placement,
-        pointer_update=pointer_update,
+        **VARIANTS[variant],
     )
     model = PanmForSeq2SeqLM(config).eval()
     output_layer = model.panm.controller.output_mlp[-1]
     with torch.no_grad():  # make PANM matter: g^o's last layer is zero in "stack"
         output_layer.weight.normal_(0.0, 1.0)
         output_layer.bias.normal_(0.0, 1.0)
-        if pointer_update == "shift":  # and the shift depend on the Pointer Units' state (zero weights at init)
+        if variant == "shift":  # and the shift depend on the Pointer Units' state (zero weights at init)
             model.panm.pointer_units.arithmetic_head.weight.normal_(0.0, 1.0)
     return model
 
@@ -109,9 +118,9 @@ def test_randomised_panm_changes_logits():
     assert (logits - backbone_logits).abs().max() > 1e-1
 
 
-@pytest.mark.parametrize("model_type,placement,pointer_update", CASES)
-def test_greedy_with_cache_equals_without_cache(model_type, placement, pointer_update):
-    model = build_model(model_type, placement, pointer_update)
+@pytest.mark.parametrize("model_type,placement,variant", CASES)
+def test_greedy_with_cache_equals_without_cache(model_type, placement, variant):
+    model = build_model(model_type, placement, variant)
     input_ids, attention_mask = source_batch()
     kwargs = {"max_new_tokens": MAX_NEW_TOKENS, "do_sample": False, "num_beams": 1, **PLAIN}
     cached = model.generate(input_ids=input_ids, attention_mask=attention_mask, use_cache=True, **kwargs)
@@ -120,9 +129,9 @@ def test_greedy_with_cache_equals_without_cache(model_type, placement, pointer_u
     assert torch.equal(cached, uncached)
 
 
-@pytest.mark.parametrize("model_type,placement,pointer_update", CASES)
-def test_beam_scores_equal_teacher_forced_log_probs(model_type, placement, pointer_update):
-    model = build_model(model_type, placement, pointer_update)
+@pytest.mark.parametrize("model_type,placement,variant", CASES)
+def test_beam_scores_equal_teacher_forced_log_probs(model_type, placement, variant):
+    model = build_model(model_type, placement, variant)
     input_ids, attention_mask = source_batch()
     out = model.generate(
         input_ids=input_ids,
@@ -144,9 +153,9 @@ def test_beam_scores_equal_teacher_forced_log_probs(model_type, placement, point
     assert isinstance(out.past_key_values, PanmCache)
 
 
-@pytest.mark.parametrize("model_type,placement,pointer_update", CASES)
-def test_step_by_step_logits_equal_teacher_forcing(model_type, placement, pointer_update):
-    model = build_model(model_type, placement, pointer_update)
+@pytest.mark.parametrize("model_type,placement,variant", CASES)
+def test_step_by_step_logits_equal_teacher_forcing(model_type, placement, variant):
+    model = build_model(model_type, placement, variant)
     input_ids, attention_mask = source_batch()
     generator = torch.Generator().manual_seed(2)
     start = model.config.decoder_start_token_id

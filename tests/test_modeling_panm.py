@@ -59,9 +59,64 @@ def test_replace_drops_the_last_decoder_layer(backbone_config):
     assert out.logits.shape == (2, 5, VOCAB) and torch.isfinite(out.loss)
 
 
-@pytest.mark.parametrize("placement", ["stack", "replace"])
-def test_padding_invariance_and_batch_independence(backbone_config, placement):
-    _, model = wrap(backbone_config, placement)
+def test_residual_placement_is_layer_norm_of_decoder_state_plus_controller_output(backbone_config):
+    _, model = wrap(backbone_config, "residual")
+    _, stack = wrap(backbone_config, "stack")
+    model = activate_panm(model).eval()
+    assert len(get_path(model.backbone, model.parts.decoder_layers)) == len(
+        get_path(stack.backbone, stack.parts.decoder_layers)
+    ) - 1
+    input_ids, labels = make_inputs()
+    captured = {}
+    model.panm.register_forward_hook(lambda module, args, output: captured.update(panm=output.hidden_states))
+    model.get_decoder().register_forward_hook(lambda module, args, output: captured.update(z=output.last_hidden_state))
+    with torch.no_grad():
+        logits = model(input_ids=input_ids, labels=labels).logits
+        expected = model._logits(model.output_norm(captured["z"] + captured["panm"]))
+    assert captured["panm"].abs().sum() > 0
+    assert torch.allclose(logits, expected, atol=1e-6)
+
+
+def test_content_read_follows_the_decoder_state_and_ignores_padding():
+    _, model = wrap(BACKBONES["marian"](), "residual", content_read="decoder")
+    model = activate_panm(model).eval()
+    memory_states = torch.randn(2, 6, 16)
+    mask = torch.ones(2, 6, dtype=torch.bool)
+    mask[1, 4:] = False
+    decoder_states = torch.randn(2, 3, 16)
+    reader = model.panm.content_reader
+    with torch.no_grad():
+        values, weights = reader(decoder_states, memory_states, mask)
+        other, _ = reader(decoder_states.flip(1), memory_states, mask)
+    assert values.shape == (2, 3, 1, 16) and weights.shape == (2, 3, 1, 6)
+    assert torch.allclose(weights.sum(-1), torch.ones(2, 3, 1)) and weights[1, ..., 4:].abs().max() == 0
+    assert torch.allclose(values, torch.einsum("bths,bsd->bthd", weights, memory_states), atol=1e-6)
+    assert not torch.allclose(values, other)  # the read depends on z_t (the paper's reads do not)
+    assert torch.allclose(values[:, 0], other[:, 2])
+
+
+def test_panm_dropout_is_active_in_training_only():
+    input_ids, labels = make_inputs()
+    base_address = torch.tensor([3, 17])
+    for rate, differs in ((0.0, False), (0.3, True)):
+        _, model = wrap(BACKBONES["bart"](), "residual", content_read="decoder", panm_dropout=rate)
+        model = activate_panm(model)
+        model.backbone.eval()  # only PANM's dropout may differ between the two passes
+        model.panm.train()
+        with torch.no_grad():
+            first = model(input_ids=input_ids, labels=labels, base_address=base_address).logits
+            second = model(input_ids=input_ids, labels=labels, base_address=base_address).logits
+        assert (not torch.equal(first, second)) is differs, rate
+        model.eval()
+        with torch.no_grad():
+            assert torch.equal(model(input_ids=input_ids, labels=labels).logits,
+                               model(input_ids=input_ids, labels=labels).logits)
+
+
+@pytest.mark.parametrize("placement,options", [("stack", {}), ("replace", {}),
+                                               ("residual", {"content_read": "decoder"})])
+def test_padding_invariance_and_batch_independence(backbone_config, placement, options):
+    _, model = wrap(backbone_config, placement, **options)
     model = activate_panm(model).eval()
     input_ids, labels = make_inputs(batch_size=3, src_len=8)
     pad = model.config.pad_token_id
@@ -86,7 +141,10 @@ def test_loss_ignores_minus_100_and_matches_cross_entropy(backbone_config):
     assert torch.allclose(out.loss, expected)
 
 
-@pytest.mark.parametrize("options", [{}, {"pointer_update": "shift"}, {"address_distractors": 4}])
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"pointer_update": "shift"}, {"address_distractors": 4}, {"content_read": "decoder", "panm_dropout": 0.1}],
+)
 def test_gradients_reach_every_panm_parameter(backbone_config, options):
     _, model = wrap(backbone_config, **options)
     model = activate_panm(model).train()
@@ -150,10 +208,16 @@ def test_config_errors_name_the_field():
         PanmConfig(text_config=BACKBONES["bart"](), placement="middle")
     with pytest.raises(ValueError, match="address_bits"):
         PanmConfig(text_config=BACKBONES["bart"](), address_bits=0)
+    with pytest.raises(ValueError, match="content_read"):
+        PanmConfig(text_config=BACKBONES["bart"](), content_read="encoder")
+    for rate in (1.0, -0.1, True, "0.1"):
+        with pytest.raises(ValueError, match="panm_dropout"):
+            PanmConfig(text_config=BACKBONES["bart"](), panm_dropout=rate)
     one_layer = BACKBONES["bart"]()
     one_layer.decoder_layers = 1
-    with pytest.raises(ValueError, match="placement='replace'"):
-        PanmForSeq2SeqLM(PanmConfig(text_config=one_layer, placement="replace", **TINY_PANM))
+    for placement in ("replace", "residual"):
+        with pytest.raises(ValueError, match=f"placement='{placement}'"):
+            PanmForSeq2SeqLM(PanmConfig(text_config=one_layer, placement=placement, **TINY_PANM))
 
 
 def test_too_long_input_and_all_padding_row():

@@ -157,6 +157,13 @@ def test_padding_is_masked_and_invariant(options):
     torch.testing.assert_close(alone.end_logits, output.end_logits[:1, :7], rtol=1e-5, atol=1e-5)
 
 
+def test_decoder_content_read_is_rejected_by_the_qa_head():
+    # The QA head's Controller has no decoder state z_t to query memory with.
+    with pytest.raises(ValueError, match="content_read='decoder'.*decoder_input_size=0"):
+        config = PanmConfig(text_config=tiny_bert_config(), content_read="decoder", **SMALL_PANM)
+        BertWithPanmForQuestionAnswering(config)
+
+
 def test_encoder_decoder_text_config_is_rejected():
     bart = BartConfig(vocab_size=99, d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
                       decoder_attention_heads=2, encoder_ffn_dim=16, decoder_ffn_dim=16)

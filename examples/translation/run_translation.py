@@ -38,12 +38,14 @@ from transformers import (
     PreTrainedModel,
     Seq2SeqTrainer,
     Seq2SeqTrainingArguments,
+    T5Config,
     set_seed,
 )
 
 from panm_hf import PanmConfig, PanmForSeq2SeqLM
 
 MODELS = ("transformer", "panm")
+BACKBONES = ("marian", "bart", "t5")
 
 
 @dataclass
@@ -51,13 +53,18 @@ class ModelArguments:
     """Which models to train and how big they are."""
 
     model: str = field(default="both", metadata={"help": "transformer, panm or both (same budget)."})
-    backbone: str = field(default="marian", metadata={"help": "marian (sinusoidal positions) or bart (learned)."})
+    backbone: str = field(
+        default="marian",
+        metadata={"help": "marian (sinusoidal positions), bart (learned) or t5 (relative position buckets)."},
+    )
     num_layers: int = field(default=2, metadata={"help": "Transformer encoder and decoder layers (paper: 1-3)."})
     d_model: int = field(default=256, metadata={"help": "Transformer hidden size."})
     ffn_dim: int = field(default=512, metadata={"help": "Transformer feed-forward size."})
     attention_heads: int = field(default=4, metadata={"help": "Attention heads per layer."})
     dropout: float = field(default=0.1)
-    placement: str = field(default="replace", metadata={"help": "PANM placement: replace (paper) or stack."})
+    placement: str = field(
+        default="replace", metadata={"help": "PANM placement: replace (paper), residual or stack (see PanmConfig)."}
+    )
     address_bits: int = field(default=10, metadata={"help": "PANM b: sources may have up to 2^b tokens."})
     pointer_hidden_size: int = field(default=256)
     controller_hidden_size: int = field(default=256)
@@ -66,6 +73,10 @@ class ModelArguments:
         default="attention",
         metadata={"help": "PANM Pointer Unit: attention (the paper) or shift (beyond the paper: pointer arithmetic)."},
     )
+    content_read: str = field(
+        default="none", metadata={"help": "PANM content read: none (paper) or decoder (attention queried by z_t)."}
+    )
+    panm_dropout: float = field(default=0.0, metadata={"help": "Dropout on PANM's reads and output (paper: 0)."})
     vocab_size: int = field(default=8000, metadata={"help": "Joint BPE vocabulary size of the local tokenizer."})
 
 
@@ -108,24 +119,39 @@ def apply_smoke(model_args: ModelArguments, data_args: DataArguments, training_a
                 setattr(args, name, value)
 
 
-def validate(model_args: ModelArguments, data_args: DataArguments) -> None:
+def validate_model_args(model_args: ModelArguments) -> None:
+    """Check the model flags (shared with examples/math); ValueError naming the flag."""
     if model_args.model not in (*MODELS, "both"):
         raise ValueError(f"--model must be one of {(*MODELS, 'both')} (got {model_args.model!r}).")
-    if model_args.backbone not in ("marian", "bart"):
-        raise ValueError(f"--backbone must be marian or bart (got {model_args.backbone!r}).")
+    if model_args.backbone not in BACKBONES:
+        raise ValueError(f"--backbone must be one of {BACKBONES} (got {model_args.backbone!r}).")
     if not 1 <= model_args.num_layers:
         raise ValueError(f"--num_layers must be >= 1 (got {model_args.num_layers}).")
-    if model_args.placement == "replace" and model_args.num_layers < 2 and model_args.model != "transformer":
+    drops_a_layer = model_args.placement in ("replace", "residual")
+    if drops_a_layer and model_args.num_layers < 2 and model_args.model != "transformer":
         raise ValueError(
-            "--placement replace removes the last of --num_layers decoder layers, so it needs --num_layers >= 2; "
-            "use --placement stack for a 1-layer backbone."
+            f"--placement {model_args.placement} removes the last of --num_layers decoder layers, so it needs "
+            "--num_layers >= 2; use --placement stack for a 1-layer backbone."
         )
+
+
+def validate(model_args: ModelArguments, data_args: DataArguments) -> None:
+    validate_model_args(model_args)
     if (data_args.data_dir is None) == (data_args.dataset_name is None):
         raise ValueError("Give exactly one of --data_dir (local Multi30K files) or --dataset_name (Hub).")
 
 
 def backbone_config(model_args: ModelArguments, tokenizer, max_positions: int):
-    """A BART- or Marian-style encoder-decoder config built from the flags."""
+    """A Marian-, BART- or T5-style encoder-decoder config built from the flags."""
+    if model_args.backbone == "t5":
+        # T5: relative position buckets in every attention layer (the paper's "TRM + RPE" family), pre-LN.
+        return T5Config(
+            vocab_size=len(tokenizer), d_model=model_args.d_model,
+            d_kv=model_args.d_model // model_args.attention_heads,
+            d_ff=model_args.ffn_dim, num_layers=model_args.num_layers, num_decoder_layers=model_args.num_layers,
+            num_heads=model_args.attention_heads, dropout_rate=model_args.dropout, pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id, decoder_start_token_id=tokenizer.pad_token_id,
+        )  # fmt: skip
     common = dict(
         vocab_size=len(tokenizer), d_model=model_args.d_model, encoder_layers=model_args.num_layers,
         decoder_layers=model_args.num_layers, encoder_attention_heads=model_args.attention_heads,
@@ -161,6 +187,8 @@ def build_model(name: str, model_args: ModelArguments, config) -> PreTrainedMode
         controller_hidden_size=model_args.controller_hidden_size,
         mlp_hidden_size=model_args.mlp_hidden_size,
         pointer_update=model_args.pointer_update,
+        content_read=model_args.content_read,
+        panm_dropout=model_args.panm_dropout,
     )
     return PanmForSeq2SeqLM(panm_config)
 
@@ -323,6 +351,7 @@ def main(argv: list[str] | None = None) -> dict:
     }
     summary = {
         "split_ratio": data_args.split_ratio,
+        "seed": training_args.seed,
         "num_layers": model_args.num_layers,
         "placement": model_args.placement,
         "num_train": len(train_pairs),

@@ -1,0 +1,231 @@
+#!/usr/bin/env python
+"""Length extrapolation on the Mathematics dataset: Transformer vs Transformer + PANM (paper, Table 3 right).
+
+Saxton et al.'s `add_or_sub` and `place_value` modules, character level, as in Csordás et al. 2021
+(the setup the paper follows): a Transformer encoder-decoder trained on the train file and scored
+by exact match of greedy answers on the `interpolate` set (numbers as in training) and the
+`extrapolate` set (larger numbers, longer questions). Both models share the backbone config, the
+character vocabulary, the data order, the seed and the step budget; the PANM model is the same
+backbone with the Controller as its last decoder layer (`--placement`, see `PanmConfig`).
+
+    python examples/math/run_math.py --data_dir ../shared/data/math --module place_value \
+        --output_dir runs/math_pv --model both --smoke --report_to none
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from datasets import Dataset
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+from transformers import (
+    DataCollatorForSeq2Seq,
+    HfArgumentParser,
+    PreTrainedTokenizerFast,
+    Seq2SeqTrainer,
+    Seq2SeqTrainingArguments,
+    set_seed,
+)
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "translation"))
+from run_translation import MODELS, backbone_config, build_model, validate_model_args  # noqa: E402
+from run_translation import ModelArguments as TranslationModelArguments  # noqa: E402
+
+MODULES = ("add_or_sub", "place_value")
+SPLITS = ("interpolate", "extrapolate")
+PAD, UNK, BOS, EOS = "<pad>", "<unk>", "<s>", "</s>"
+
+
+@dataclass
+class ModelArguments(TranslationModelArguments):
+    """The translation example's model flags with the Mathematics defaults (character level, 3 + 3 layers)."""
+
+    num_layers: int = field(default=3, metadata={"help": "Encoder and decoder layers (Csordas et al.: 3 + 3)."})
+    d_model: int = field(default=128, metadata={"help": "Transformer hidden size."})
+    ffn_dim: int = field(default=256, metadata={"help": "Transformer feed-forward size."})
+    vocab_size: int = field(default=0, metadata={"help": "Unused: the vocabulary is the training set's characters."})
+
+
+@dataclass
+class DataArguments:
+    """Which module and how much of it."""
+
+    data_dir: str = field(default="../shared/data/math", metadata={"help": "Folder with <module>.<split>.tsv.gz."})
+    module: str = field(default="place_value", metadata={"help": f"One of {MODULES}."})
+    max_train_samples: int | None = field(default=None, metadata={"help": "First N training pairs (file order)."})
+    max_eval_samples: int | None = field(default=1000, metadata={"help": "First N pairs of each test set."})
+    max_source_length: int = field(default=160)
+    max_target_length: int = field(default=32)
+    smoke: bool = field(default=False, metadata={"help": "Tiny slice and tiny models: a CI run in seconds."})
+
+
+SMOKE_OVERRIDES = {
+    "model": {"d_model": 32, "ffn_dim": 64, "attention_heads": 2, "num_layers": 2,
+              "pointer_hidden_size": 32, "controller_hidden_size": 32, "mlp_hidden_size": 32},
+    "data": {"max_train_samples": 256, "max_eval_samples": 16},
+    "training": {"max_steps": 8, "per_device_train_batch_size": 32, "per_device_eval_batch_size": 16,
+                 "learning_rate": 3e-3, "warmup_steps": 0},
+}  # fmt: skip
+
+
+def apply_smoke(model_args: ModelArguments, data_args: DataArguments, training_args: Seq2SeqTrainingArguments):
+    """The smoke budget; flags given explicitly win."""
+    defaults = (ModelArguments(), DataArguments(), Seq2SeqTrainingArguments(output_dir="unused", report_to=[]))
+    for args, default, overrides in zip((model_args, data_args, training_args), defaults, SMOKE_OVERRIDES.values()):
+        for name, value in overrides.items():
+            if getattr(args, name) == getattr(default, name):
+                setattr(args, name, value)
+
+
+def read_pairs(path: Path, limit: int | None = None) -> tuple[list[str], list[str]]:
+    """`question<TAB>answer` lines of a gzipped TSV; ValueError naming the file and line when damaged."""
+    if not path.is_file():
+        raise ValueError(
+            f"{path} does not exist; --data_dir must hold <module>.<split>.tsv.gz (see shared/data/math)."
+        )
+    questions, answers = [], []
+    try:
+        with gzip.open(path, "rt", encoding="utf-8") as handle:
+            for number, line in enumerate(handle, start=1):
+                if limit is not None and len(questions) >= limit:
+                    break
+                fields = line.rstrip("\n").split("\t")
+                if len(fields) != 2 or not fields[0] or not fields[1]:
+                    raise ValueError(f"{path}, line {number}: expected 'question<TAB>answer', got {line!r}.")
+                questions.append(fields[0])
+                answers.append(fields[1])
+    except (OSError, EOFError, UnicodeDecodeError) as error:
+        raise ValueError(
+            f"{path} is not a readable gzipped UTF-8 file ({error}); restore it from shared/data."
+        ) from error
+    if not questions:
+        raise ValueError(f"{path} holds no pairs.")
+    return questions, answers
+
+
+def char_tokenizer(texts: list[str]) -> PreTrainedTokenizerFast:
+    """A character-level tokenizer over the characters of `texts`; every sequence ends with `</s>`."""
+    characters = sorted(set("".join(texts)))
+    vocab = {token: index for index, token in enumerate([PAD, UNK, BOS, EOS, *characters])}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token=UNK))
+    tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tokenizer.decoder = decoders.Fuse()
+    tokenizer.post_processor = processors.TemplateProcessing(single=f"$A {EOS}", special_tokens=[(EOS, vocab[EOS])])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, pad_token=PAD, unk_token=UNK, bos_token=BOS, eos_token=EOS
+    )
+
+
+def tokenize(questions: list[str], answers: list[str], tokenizer, data_args: DataArguments) -> Dataset:
+    encoded = tokenizer(questions, max_length=data_args.max_source_length, truncation=True)
+    labels = tokenizer(answers, max_length=data_args.max_target_length, truncation=True)
+    return Dataset.from_dict(
+        {"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"], "labels": labels["input_ids"]}
+    )
+
+
+def exact_match(predictions: np.ndarray, answers: list[str], tokenizer) -> float:
+    """Percentage of greedy answers equal to the reference string."""
+    token_ids = np.where(predictions >= 0, predictions, tokenizer.pad_token_id)
+    texts = tokenizer.batch_decode(token_ids, skip_special_tokens=True)
+    return 100.0 * float(np.mean([text.strip() == answer for text, answer in zip(texts, answers)]))
+
+
+def run_one(name, model_args, data_args, training_args, tokenizer, config, train_dataset, test_sets) -> dict:
+    """Train one model for the step budget, then score exact match on each test set."""
+    set_seed(training_args.seed)  # both models start from the same random stream and see the same batches
+    model = build_model(name, model_args, config)
+    model.generation_config.max_length = data_args.max_target_length
+    model.generation_config.num_beams = 1
+    args = Seq2SeqTrainingArguments(
+        **{**training_args.to_dict(), "output_dir": os.path.join(training_args.output_dir, name)}
+    )
+    args.predict_with_generate = True
+    trainer = Seq2SeqTrainer(
+        model=model,
+        args=args,
+        train_dataset=train_dataset,
+        data_collator=DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100),
+        processing_class=tokenizer,
+    )
+    start = time.time()
+    train_output = trainer.train()
+    result = {
+        "train_seconds": round(time.time() - start, 1),
+        "train_loss": train_output.training_loss,
+        "num_parameters": sum(p.numel() for p in model.parameters()),
+    }
+    for split, (dataset, answers) in test_sets.items():
+        prediction = trainer.predict(dataset, max_length=data_args.max_target_length, num_beams=1)
+        result[f"{split}_accuracy"] = exact_match(prediction.predictions, answers, tokenizer)
+    if trainer.is_world_process_zero():
+        trainer.save_model(args.output_dir)
+    return result
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = HfArgumentParser((ModelArguments, DataArguments, Seq2SeqTrainingArguments))
+    model_args, data_args, training_args = parser.parse_args_into_dataclasses(args=argv)
+    if data_args.smoke:
+        apply_smoke(model_args, data_args, training_args)
+    if data_args.module not in MODULES:
+        raise ValueError(f"--module must be one of {MODULES} (got {data_args.module!r}).")
+    validate_model_args(model_args)
+    if training_args.max_steps <= 0:
+        raise ValueError("--max_steps must be set: the budget is a number of training steps (Csordas et al.: 50K).")
+    if torch.cuda.is_available() and torch.cuda.is_bf16_supported() and not training_args.fp16:
+        training_args.bf16 = True  # bf16 on GPU; CPU runs stay fp32
+    training_args.save_strategy = "no"
+    training_args.eval_strategy = "no"
+    set_seed(training_args.seed)
+
+    data_dir = Path(data_args.data_dir)
+    train_q, train_a = read_pairs(data_dir / f"{data_args.module}.train.tsv.gz", data_args.max_train_samples)
+    tokenizer = char_tokenizer(train_q + train_a)
+    train_dataset = tokenize(train_q, train_a, tokenizer, data_args)
+    test_sets = {}
+    for split in SPLITS:
+        questions, answers = read_pairs(data_dir / f"{data_args.module}.{split}.tsv.gz", data_args.max_eval_samples)
+        test_sets[split] = (tokenize(questions, answers, tokenizer, data_args), answers)
+    max_positions = max(data_args.max_source_length, data_args.max_target_length) + 2
+    config = backbone_config(model_args, tokenizer, max_positions)
+
+    names = MODELS if model_args.model == "both" else (model_args.model,)
+    results = {
+        name: run_one(name, model_args, data_args, training_args, tokenizer, config, train_dataset, test_sets)
+        for name in names
+    }
+    summary = {
+        "module": data_args.module,
+        "max_steps": training_args.max_steps,
+        "per_device_train_batch_size": training_args.per_device_train_batch_size,
+        "learning_rate": training_args.learning_rate,
+        "seed": training_args.seed,
+        "num_train": len(train_dataset),
+        "num_eval": {split: len(answers) for split, (_, answers) in test_sets.items()},
+        "model_args": asdict(model_args),
+        "device": "cuda" if torch.cuda.is_available() else "cpu",
+        "results": results,
+    }
+    if training_args.process_index == 0:
+        os.makedirs(training_args.output_dir, exist_ok=True)
+        with open(os.path.join(training_args.output_dir, "results.json"), "w") as handle:
+            json.dump(summary, handle, indent=2)
+        for name, result in results.items():
+            print(
+                f"{name}: interpolate {result['interpolate_accuracy']:.1f}%, "
+                f"extrapolate {result['extrapolate_accuracy']:.1f}% exact match"
+            )
+    return summary
+
+
+if __name__ == "__main__":
+    main()
