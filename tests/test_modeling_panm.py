@@ -32,8 +32,9 @@ def activate_panm(model, seed=1):
 
 
 @pytest.mark.parametrize("name", sorted(BACKBONES))
-def test_stack_wrapper_starts_as_exactly_the_backbone(name):
-    backbone, model = wrap(BACKBONES[name]())
+@pytest.mark.parametrize("options", [{}, {"content_read": "decoder", "panm_dropout": 0.1}])
+def test_stack_wrapper_starts_as_exactly_the_backbone(name, options):
+    backbone, model = wrap(BACKBONES[name](), **options)
     backbone_state = {k: v.clone() for k, v in backbone.state_dict().items()}
     backbone.eval(), model.eval()
     input_ids, labels = make_inputs()
