@@ -33,6 +33,8 @@ class Seq2SeqBackboneParts:
         decoder_dim: config attribute (dotted) with the decoder state size.
         encoder_to_decoder: projection applied to encoder outputs before cross-attention, if any.
         output_scale: factor applied to decoder states before the LM head, from the config.
+        vocab_models: the `PreTrainedModel`s whose `resize_token_embeddings` resizes the vocabulary
+            ("" is the backbone itself; `EncoderDecoderModel` resizes its encoder and decoder).
     """
 
     encoder: str
@@ -44,6 +46,7 @@ class Seq2SeqBackboneParts:
     decoder_dim: str = "d_model"
     encoder_to_decoder: str | None = None
     output_scale: Callable[[Any], float] | None = None
+    vocab_models: tuple[str, ...] = ("",)
 
 
 _BART_LIKE = Seq2SeqBackboneParts(
@@ -76,6 +79,7 @@ SEQ2SEQ_BACKBONES: dict[str, Seq2SeqBackboneParts] = {
         memory_dim="encoder.hidden_size",
         decoder_dim="decoder.hidden_size",
         encoder_to_decoder="enc_to_dec_proj",
+        vocab_models=("encoder", "decoder"),
     ),
 }
 
@@ -101,6 +105,8 @@ def get_path(root: Any, path: str | None) -> Any:
     """Follow a dotted attribute path; None for a None path or a missing attribute."""
     if path is None:
         return None
+    if path == "":
+        return root
     try:
         return attrgetter(path)(root)
     except AttributeError:
