@@ -7,10 +7,13 @@ layer list, the LM head and optional extras. Adding a backbone is adding a row.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any
+
+from torch import nn
 
 
 def _t5_output_scale(config: Any) -> float:
@@ -111,3 +114,29 @@ def get_path(root: Any, path: str | None) -> Any:
         return attrgetter(path)(root)
     except AttributeError:
         return None
+
+
+def without_last_layer(root: nn.Module, layers_path: str) -> nn.Module:
+    """`root` with the last module of its `nn.ModuleList` at `layers_path` left out; `root` is not changed.
+
+    Only the modules on the path are copied (shallowly: their parameters, buffers and other children
+    are shared with `root`), so no weight is duplicated in memory.
+    """
+    *parents, layers_name = layers_path.split(".")
+    copied_root = _shallow_module_copy(root)
+    parent = copied_root
+    for name in parents:
+        child = _shallow_module_copy(getattr(parent, name))
+        setattr(parent, name, child)
+        parent = child
+    setattr(parent, layers_name, nn.ModuleList(list(getattr(parent, layers_name))[:-1]))
+    return copied_root
+
+
+def _shallow_module_copy(module: nn.Module) -> nn.Module:
+    # copy.copy alone would share the module's registries (_modules, _parameters, hooks, ...) with the original.
+    copied = copy.copy(module)
+    for key, value in vars(module).items():
+        if isinstance(value, (dict, set)):
+            vars(copied)[key] = copy.copy(value)
+    return copied

@@ -20,7 +20,7 @@ from torch import nn
 from transformers import AutoModelForSeq2SeqLM, GenerationMixin, PreTrainedModel
 from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput
 
-from .backbones import get_path, seq2seq_parts
+from .backbones import get_path, seq2seq_parts, without_last_layer
 from .cache_panm import PanmCache
 from .configuration_panm import PanmConfig
 from .memory import PanmMemory
@@ -78,15 +78,16 @@ class PanmForSeq2SeqLM(PanmPreTrainedModel, GenerationMixin):
         self.parts = seq2seq_parts(config.text_config)
         if backbone is None:
             backbone = AutoModelForSeq2SeqLM.from_config(config.text_config)
-        self.backbone = backbone
         if config.placement == "replace":
-            layers = get_path(self.backbone, self.parts.decoder_layers)
+            layers = get_path(backbone, self.parts.decoder_layers)
             if len(layers) < 2:
                 raise ValueError(
                     f"placement='replace' removes the backbone's last decoder layer, but it has {len(layers)}; "
                     "use placement='stack' or a backbone with at least 2 decoder layers."
                 )
-            del layers[-1]
+            # A caller's backbone keeps all its layers; the wrapper shares their weights.
+            backbone = without_last_layer(backbone, self.parts.decoder_layers)
+        self.backbone = backbone
         decoder_dim = get_path(config.text_config, self.parts.decoder_dim)
         self.panm = PanmMemory(
             memory_dim=get_path(config.text_config, self.parts.memory_dim),
@@ -117,8 +118,9 @@ class PanmForSeq2SeqLM(PanmPreTrainedModel, GenerationMixin):
             backbone_kwargs: extra arguments for that `from_pretrained` call (`dtype`, `revision`, ...).
             **panm_kwargs: `PanmConfig` fields (`address_bits`, `placement`, `scoring`, ...).
 
-        The backbone's weights are kept as loaded; only PANM's are initialised. With
-        `placement="replace"` the backbone's last decoder layer is dropped.
+        The backbone's weights are kept as loaded (and shared with `backbone` when a model is
+        passed); only PANM's are initialised. With `placement="replace"` the wrapper leaves out
+        the backbone's last decoder layer; the model passed in keeps all of its layers.
         """
         if isinstance(backbone, (str, os.PathLike)):
             backbone = AutoModelForSeq2SeqLM.from_pretrained(backbone, **(backbone_kwargs or {}))

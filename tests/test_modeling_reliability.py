@@ -7,6 +7,7 @@ from transformers import AutoModelForSeq2SeqLM
 
 import panm_hf  # noqa: F401  (registers the Auto classes)
 from panm_hf import PanmForSeq2SeqLM
+from panm_hf.backbones import get_path
 
 NEW_VOCAB = VOCAB + 8
 
@@ -51,3 +52,31 @@ def test_resize_token_embeddings_keeps_old_logits_updates_configs_and_reloads(tm
     assert loaded.config.vocab_size == NEW_VOCAB
     with torch.no_grad():
         assert torch.equal(loaded(input_ids=input_ids, labels=labels).logits, after)
+
+
+# -- from_backbone(placement="replace") leaves the caller's model alone ---------------------------------------------
+@pytest.mark.parametrize("name", ["bart", "t5", "encoder-decoder"])
+def test_replace_leaves_the_callers_backbone_whole_and_shares_its_weights(name):
+    torch.manual_seed(0)
+    backbone = AutoModelForSeq2SeqLM.from_config(BACKBONES[name]()).eval()
+    input_ids, labels = make_inputs()
+    with torch.no_grad():
+        expected = backbone(input_ids=input_ids, labels=labels).logits
+    state = {key: value.clone() for key, value in backbone.state_dict().items()}
+    model = PanmForSeq2SeqLM.from_backbone(backbone, placement="replace", **TINY_PANM)
+    layers_path = model.parts.decoder_layers
+    callers_layers = get_path(backbone, layers_path)
+    assert len(callers_layers) == 2 and len(get_path(model.backbone, layers_path)) == 1
+    # The caller's model computes exactly what it did, with exactly its weights.
+    backbone.eval()
+    with torch.no_grad():
+        assert torch.equal(backbone(input_ids=input_ids, labels=labels).logits, expected)
+    assert backbone.state_dict().keys() == state.keys()
+    assert all(torch.equal(value, state[key]) for key, value in backbone.state_dict().items())
+    # The wrapper holds the same parameter objects (no second copy in memory), minus the last layer's.
+    callers_parameters = dict(backbone.named_parameters())
+    wrapper_parameters = dict(model.backbone.named_parameters())
+    last_layer = f"{layers_path}.1."
+    assert set(wrapper_parameters) == {key for key in callers_parameters if not key.startswith(last_layer)}
+    assert all(parameter is callers_parameters[key] for key, parameter in wrapper_parameters.items())
+    assert get_path(model.backbone, layers_path)[0] is callers_layers[0]
