@@ -6,7 +6,7 @@ from conftest import BACKBONES, TINY_PANM, VOCAB, make_inputs
 from transformers import AutoModelForSeq2SeqLM
 
 import panm_hf  # noqa: F401  (registers the Auto classes)
-from panm_hf import PanmForSeq2SeqLM
+from panm_hf import PanmConfig, PanmForSeq2SeqLM, PanmMemory
 from panm_hf.backbones import get_path
 
 NEW_VOCAB = VOCAB + 8
@@ -80,3 +80,39 @@ def test_replace_leaves_the_callers_backbone_whole_and_shares_its_weights(name):
     assert set(wrapper_parameters) == {key for key in callers_parameters if not key.startswith(last_layer)}
     assert all(parameter is callers_parameters[key] for key, parameter in wrapper_parameters.items())
     assert get_path(model.backbone, layers_path)[0] is callers_layers[0]
+
+
+# -- config checks -----------------------------------------------------------------------------------------------
+BAD_FIELDS = [
+    ({"cosine_inverse_temperature": float("nan")}, "cosine_inverse_temperature"),
+    ({"cosine_inverse_temperature": float("inf")}, "cosine_inverse_temperature"),
+    ({"cosine_inverse_temperature": 0.0}, "cosine_inverse_temperature"),
+    ({"cosine_inverse_temperature": -2.0}, "cosine_inverse_temperature"),
+    ({"cosine_inverse_temperature": True}, "cosine_inverse_temperature"),
+    ({"address_bits": True}, "address_bits"),
+    ({"num_pointer_units": True}, "num_pointer_units"),
+    ({"num_mode2_heads": False}, "num_mode2_heads"),
+    ({"shift_range": True, "pointer_update": "shift"}, "shift_range"),
+    ({"address_distractors": True}, "address_distractors"),
+]
+
+
+@pytest.mark.parametrize("kwargs,field", BAD_FIELDS)
+def test_bad_values_and_bools_are_rejected_naming_the_field(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        PanmConfig(text_config=BACKBONES["bart"](), **kwargs)
+    with pytest.raises(ValueError, match=field):
+        PanmMemory(memory_dim=8, decoder_input_size=6, output_size=5, **kwargs)
+
+
+@pytest.mark.parametrize("field", ["pointer_hidden_size", "controller_hidden_size", "mlp_hidden_size"])
+def test_bool_sizes_are_rejected_naming_the_field(field):
+    with pytest.raises(ValueError, match=field):
+        PanmConfig(text_config=BACKBONES["bart"](), **{field: True})
+
+
+def test_valid_inverse_temperatures_are_kept():
+    assert PanmConfig(text_config=BACKBONES["bart"](), cosine_inverse_temperature=3).cosine_inverse_temperature == 3
+    memory = PanmMemory(memory_dim=8, decoder_input_size=6, output_size=5, cosine_inverse_temperature=0.5)
+    scales = [p for name, p in memory.named_parameters() if "temperature" in name]
+    assert scales and all(torch.allclose(p, torch.full_like(p, 0.5)) for p in scales)
