@@ -10,6 +10,7 @@ from __future__ import annotations
 import gzip
 import os
 import random
+import zlib
 from dataclasses import dataclass
 
 MULTI30K_SPLITS = ("train", "val", "test_2016_flickr")
@@ -30,9 +31,20 @@ class TranslationPairs:
 
 
 def _read_lines(path: str) -> list[str]:
+    """The file's lines; ValueError naming the file when it is empty or damaged (bad gzip, bad UTF-8)."""
     opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8") as handle:
-        return [line.rstrip("\n") for line in handle]
+    try:
+        with opener(path, "rt", encoding="utf-8") as handle:
+            lines = [line.rstrip("\n") for line in handle]
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{path} is not valid UTF-8 ({error}); Multi30K's files are UTF-8 text.") from error
+    except (OSError, EOFError, zlib.error) as error:
+        raise ValueError(
+            f"{path} cannot be read ({error}); check that the file is complete (and gzipped if .gz)."
+        ) from error
+    if not lines:
+        raise ValueError(f"{path} is empty; restore it from Multi30K (or remove the pair of files of that split).")
+    return lines
 
 
 def _find_file(data_dir: str, split: str, lang: str) -> str | None:
