@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from transformers import AutoModelForSeq2SeqLM, GenerationMixin, PreTrainedModel
+from transformers import AutoModelForSeq2SeqLM, GenerationMixin, PreTrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput
 
 from .backbones import get_path, seq2seq_parts, without_last_layer
@@ -40,6 +40,12 @@ class PanmSeq2SeqLMOutput(Seq2SeqLMOutput):
     mode2_attentions: torch.FloatTensor | None = None
 
 
+# from_pretrained arguments that say where a config lives (passed on when peeking at a folder's model_type).
+_CONFIG_LOCATION_KWARGS = (
+    "cache_dir", "force_download", "proxies", "token", "revision", "local_files_only", "subfolder",
+)  # fmt: skip
+
+
 class PanmPreTrainedModel(PreTrainedModel):
     config_class = PanmConfig
     base_model_prefix = "backbone"
@@ -47,6 +53,33 @@ class PanmPreTrainedModel(PreTrainedModel):
     _supports_sdpa = True
     _supports_flash_attn = True
     _supports_attention_backend = True
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
+        """`PreTrainedModel.from_pretrained` for a saved PANM model.
+
+        A folder whose config is not `model_type="panm"` (a plain BART or BERT checkpoint) gets a
+        ValueError pointing to `from_backbone`, instead of a default-size model that fails on every
+        weight. With an explicit `config=PanmConfig(...)` any folder is loaded as usual.
+        """
+        if kwargs.get("config") is None and pretrained_model_name_or_path is not None:
+            location = {name: kwargs[name] for name in _CONFIG_LOCATION_KWARGS if name in kwargs}
+            config_dict, _ = PreTrainedConfig.get_config_dict(pretrained_model_name_or_path, **location)
+            model_type = config_dict.get("model_type")
+            if model_type != cls.config_class.model_type:
+                raise ValueError(
+                    f"{os.fspath(pretrained_model_name_or_path)!r} holds a model_type={model_type!r} checkpoint, "
+                    f"not a saved PANM model (model_type='panm'). Wrap it with "
+                    f"{cls.__name__}.from_backbone({os.fspath(pretrained_model_name_or_path)!r}, ...) instead."
+                )
+        return super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+
+    def _take_name_or_path(self, backbone: PreTrainedModel, path: str | os.PathLike | None) -> None:
+        # PEFT records `name_or_path` as the base model of an adapter; a wrapped model starts with the backbone's.
+        name_or_path = os.fspath(path) if path is not None else getattr(backbone, "name_or_path", "")
+        if name_or_path:
+            self.config.name_or_path = name_or_path
+            self.name_or_path = self.config.name_or_path
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
@@ -122,10 +155,12 @@ class PanmForSeq2SeqLM(PanmPreTrainedModel, GenerationMixin):
         passed); only PANM's are initialised. With `placement="replace"` the wrapper leaves out
         the backbone's last decoder layer; the model passed in keeps all of its layers.
         """
-        if isinstance(backbone, (str, os.PathLike)):
-            backbone = AutoModelForSeq2SeqLM.from_pretrained(backbone, **(backbone_kwargs or {}))
+        path = backbone if isinstance(backbone, (str, os.PathLike)) else None
+        if path is not None:
+            backbone = AutoModelForSeq2SeqLM.from_pretrained(path, **(backbone_kwargs or {}))
         config = PanmConfig(text_config=backbone.config.to_dict(), **panm_kwargs)
         model = cls(config, backbone=backbone)
+        model._take_name_or_path(backbone, path)
         return model.to(backbone.device)
 
     def get_encoder(self, modality: str | None = None):

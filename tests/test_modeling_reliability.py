@@ -3,10 +3,11 @@
 import pytest
 import torch
 from conftest import BACKBONES, TINY_PANM, VOCAB, make_inputs
-from transformers import AutoModelForSeq2SeqLM
+from safetensors.torch import load_file
+from transformers import AutoModel, AutoModelForSeq2SeqLM, BertConfig, BertForQuestionAnswering, BertModel
 
 import panm_hf  # noqa: F401  (registers the Auto classes)
-from panm_hf import PanmConfig, PanmForSeq2SeqLM, PanmMemory
+from panm_hf import BertWithPanmForQuestionAnswering, PanmConfig, PanmForSeq2SeqLM, PanmMemory
 from panm_hf.backbones import get_path
 
 NEW_VOCAB = VOCAB + 8
@@ -116,3 +117,72 @@ def test_valid_inverse_temperatures_are_kept():
     memory = PanmMemory(memory_dim=8, decoder_input_size=6, output_size=5, cosine_inverse_temperature=0.5)
     scales = [p for name, p in memory.named_parameters() if "temperature" in name]
     assert scales and all(torch.allclose(p, torch.full_like(p, 0.5)) for p in scales)
+
+
+# -- loading: the wrong folder, the base model's name, tied weights --------------------------------------------------
+def tiny_bert():
+    return BertConfig(vocab_size=VOCAB, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                      intermediate_size=32, max_position_embeddings=64)  # fmt: skip
+
+
+@pytest.mark.parametrize("model_class", [PanmForSeq2SeqLM, BertWithPanmForQuestionAnswering])
+def test_from_pretrained_on_a_plain_backbone_folder_points_to_from_backbone(tmp_path, model_class):
+    if model_class is PanmForSeq2SeqLM:
+        AutoModelForSeq2SeqLM.from_config(BACKBONES["bart"]()).save_pretrained(tmp_path)
+    else:
+        BertModel(tiny_bert()).save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match=rf"model_type='(bart|bert)'.*{model_class.__name__}\.from_backbone"):
+        model_class.from_pretrained(tmp_path)
+
+
+def test_from_pretrained_with_an_explicit_panm_config_still_loads_backbone_weights(tmp_path):
+    torch.manual_seed(0)
+    backbone = AutoModelForSeq2SeqLM.from_config(BACKBONES["bart"]()).eval()
+    backbone.save_pretrained(tmp_path)
+    config = PanmConfig(text_config=BACKBONES["bart"](), **TINY_PANM)
+    model = PanmForSeq2SeqLM.from_pretrained(tmp_path, config=config).eval()
+    input_ids, labels = make_inputs()
+    with torch.no_grad():  # "stack" starts as exactly the backbone, so every backbone weight was loaded
+        assert torch.equal(model(input_ids=input_ids, labels=labels).logits,
+                           backbone(input_ids=input_ids, labels=labels).logits)
+
+
+def test_from_backbone_records_the_backbones_name_or_path(tmp_path):
+    AutoModelForSeq2SeqLM.from_config(BACKBONES["bart"]()).save_pretrained(tmp_path / "bart")
+    BertForQuestionAnswering(tiny_bert()).save_pretrained(tmp_path / "bert-qa")
+    for model_class, folder in ((PanmForSeq2SeqLM, tmp_path / "bart"),
+                                (BertWithPanmForQuestionAnswering, tmp_path / "bert-qa")):  # fmt: skip
+        model = model_class.from_backbone(folder, **TINY_PANM)
+        # PEFT's adapters record the base model as model.name_or_path (config._name_or_path)
+        assert model.name_or_path == model.config.name_or_path == model.config._name_or_path == str(folder)
+        # a backbone loaded first gives its own path
+        loaded = model_class.from_backbone(AutoModel.from_pretrained(folder), **TINY_PANM)
+        assert loaded.name_or_path == loaded.config.name_or_path == str(folder)
+    _, fresh = wrap("bart")  # a backbone built from a config has no path: nothing to record
+    assert fresh.name_or_path == fresh.config.name_or_path == ""
+
+
+def tied_head(model):
+    """(name, parameter) of the LM head weight, which `all_tied_weights_keys` maps to a tied embedding."""
+    head = model.get_output_embeddings()
+    key = next(f"{name}.weight" for name, module in model.named_modules() if module is head)
+    assert key in model.all_tied_weights_keys, (key, model.all_tied_weights_keys)
+    return key, head.weight
+
+
+@pytest.mark.parametrize("name", ["bart", "t5", "encoder-decoder"])
+def test_tied_lm_head_survives_save_reload_and_a_trainer_style_resume(tmp_path, name):
+    _, model = wrap(name)
+    head_key, head = tied_head(model)
+    assert model.get_parameter(model.all_tied_weights_keys[head_key]) is head  # the embedding it is tied to
+    model.save_pretrained(tmp_path)
+    loaded = PanmForSeq2SeqLM.from_pretrained(tmp_path)
+    loaded_key, loaded_head = tied_head(loaded)
+    assert loaded_key == head_key and loaded.get_parameter(loaded.all_tied_weights_keys[head_key]) is loaded_head
+    assert torch.equal(loaded_head, head)
+    # Trainer's resume: load_state_dict(strict=False) of the saved file into a live model; only tied copies are missing
+    _, other = wrap(name, seed=5)
+    result = other.load_state_dict(load_file(tmp_path / "model.safetensors"), strict=False)
+    assert set(result.missing_keys) <= set(other.all_tied_weights_keys) and not result.unexpected_keys
+    other_key, other_head = tied_head(other)
+    assert torch.equal(other_head, head) and other.get_parameter(other.all_tied_weights_keys[other_key]) is other_head
