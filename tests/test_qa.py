@@ -360,6 +360,7 @@ def test_trainer_evaluate_returns_squad_scores(squad_dir, tmp_path):
     assert squad_scores(gold, references) == {"exact_match": 100.0, "f1": 100.0}
 
 
+@pytest.mark.smoke
 def test_run_qa_example_end_to_end(squad_dir, tmp_path):
     sys.path.insert(0, EXAMPLE_DIR)
     import run_qa
