@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from panm_hf.qa_data import length_split, load_squad_examples, prepare_train_features
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples" / "translation"))
+sys.path.insert(0, str(ROOT / "examples" / "question_answering"))
 from length_split import load_local_pairs  # noqa: E402
+from utils_qa import length_split, load_squad_examples, prepare_train_features  # noqa: E402
 
 CONTEXT = "the red cat sat on the old stone"
 
@@ -95,7 +95,7 @@ def test_train_windows_without_answer_name_the_question():
 
 def test_length_split_without_a_test_part_says_so(tmp_path):
     path = write_json(tmp_path / "one-paragraph.json", squad([question("q1"), question("q2")]))
-    with pytest.raises(ValueError, match="leaves no test question"):
+    with pytest.raises(ValueError, match="leaves no test sample"):
         length_split(load_squad_examples(path), 0.5)
 
 

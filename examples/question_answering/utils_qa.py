@@ -1,6 +1,7 @@
 """SQuAD-format data for extractive QA: loading, the paper's length split, windows, answers.
 
-Shared by ``examples/question_answering/run_qa.py`` and the tests:
+Kept beside ``run_qa.py`` (as transformers keeps its ``utils_qa.py``); used by it,
+``trainer_qa.py`` and the tests:
 
 * ``load_squad_examples`` flattens the official nested JSON (plain or ``.gz``) into one
   record per question, in the column layout of the Hub's ``squad`` dataset.
@@ -24,6 +25,8 @@ import zlib
 from collections.abc import Sequence
 
 import numpy as np
+
+from panm_hf import splits
 
 
 def load_squad_examples(path: str | os.PathLike) -> list[dict]:
@@ -126,12 +129,12 @@ def _question_record(qa, article: dict, context: str, path: str, where: str) -> 
 
 
 def length_split(examples: Sequence[dict], train_fraction: float) -> tuple[list[dict], list[dict]]:
-    """The paper's length split: train on the shorter contexts, test on the longer.
+    """The paper's length split of questions: train on the shorter contexts, test on the longer.
 
-    Questions are sorted by the number of whitespace-separated words of their context
-    (ties broken by the context text, then the id, so the split is deterministic). The cut
-    is placed after `round(train_fraction * n)` questions and then moved forward to the end
-    of the current paragraph, so no context is in both parts.
+    `panm_hf.splits.length_split` with questions sorted by the number of whitespace-separated
+    words of their context (ties broken by the context text, then the id, so the split is
+    deterministic) and grouped by context: the cut moves forward to the end of the current
+    paragraph, so no context is in both parts.
 
     Args:
         examples: flat question records (as `load_squad_examples` returns).
@@ -140,19 +143,12 @@ def length_split(examples: Sequence[dict], train_fraction: float) -> tuple[list[
     Returns:
         `(train, test)`; every test context is at least as long as every training context.
     """
-    if not 0.0 < train_fraction < 1.0:
-        raise ValueError(f"train_fraction must be in (0, 1) (got {train_fraction!r}); the paper uses 0.8 and 0.5.")
-    ordered = sorted(examples, key=lambda ex: (len(ex["context"].split()), ex["context"], ex["id"]))
-    cut = min(max(round(train_fraction * len(ordered)), 1), len(ordered))
-    while cut < len(ordered) and ordered[cut]["context"] == ordered[cut - 1]["context"]:
-        cut += 1
-    if cut == len(ordered):
-        raise ValueError(
-            f"length_split of {len(ordered)} questions at train_fraction={train_fraction} leaves no test question "
-            f"(their {len({ex['context'] for ex in ordered})} context(s) all land in training); pass more "
-            "paragraphs or a smaller train_fraction."
-        )
-    return ordered[:cut], ordered[cut:]
+    return splits.length_split(
+        examples,
+        train_fraction,
+        sort_key=lambda ex: (len(ex["context"].split()), ex["context"], ex["id"]),
+        group=lambda ex: ex["context"],
+    )
 
 
 def _tokenize_windows(examples: dict, tokenizer, max_seq_length: int, doc_stride: int, pad_to_max_length: bool):
