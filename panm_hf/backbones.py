@@ -117,26 +117,19 @@ def get_path(root: Any, path: str | None) -> Any:
 
 
 def without_last_layer(root: nn.Module, layers_path: str) -> nn.Module:
-    """`root` with the last module of its `nn.ModuleList` at `layers_path` left out; `root` is not changed.
+    """A copy of `root` whose `nn.ModuleList` at `layers_path` lacks its last module; `root` is not changed.
 
-    Only the modules on the path are copied (shallowly: their parameters, buffers and other children
-    are shared with `root`), so no weight is duplicated in memory.
+    The copy's parameters are new `nn.Parameter`s over the same storage as `root`'s (tied ones stay
+    tied), and its buffers are `root`'s, so no weight is duplicated in memory and an optimizer step
+    on one is seen by the other. Its modules and config are its own, so dropping the layer here, or
+    resizing the copy's embeddings later (transformers swaps a parameter's `.data`), leaves `root` whole.
     """
+    shared = {id(buffer): buffer for buffer in root.buffers()}
+    for parameter in root.parameters():  # tied parameters are one object: listed once, mapped once
+        plain = type(parameter) is nn.Parameter  # a subclass (e.g. quantized) is shared as it is
+        shared[id(parameter)] = nn.Parameter(parameter.data, parameter.requires_grad) if plain else parameter
+    copied = copy.deepcopy(root, memo=shared)
     *parents, layers_name = layers_path.split(".")
-    copied_root = _shallow_module_copy(root)
-    parent = copied_root
-    for name in parents:
-        child = _shallow_module_copy(getattr(parent, name))
-        setattr(parent, name, child)
-        parent = child
+    parent = get_path(copied, ".".join(parents))
     setattr(parent, layers_name, nn.ModuleList(list(getattr(parent, layers_name))[:-1]))
-    return copied_root
-
-
-def _shallow_module_copy(module: nn.Module) -> nn.Module:
-    # copy.copy alone would share the module's registries (_modules, _parameters, hooks, ...) with the original.
-    copied = copy.copy(module)
-    for key, value in vars(module).items():
-        if isinstance(value, (dict, set)):
-            vars(copied)[key] = copy.copy(value)
     return copied

@@ -74,13 +74,29 @@ def test_replace_leaves_the_callers_backbone_whole_and_shares_its_weights(name):
         assert torch.equal(backbone(input_ids=input_ids, labels=labels).logits, expected)
     assert backbone.state_dict().keys() == state.keys()
     assert all(torch.equal(value, state[key]) for key, value in backbone.state_dict().items())
-    # The wrapper holds the same parameter objects (no second copy in memory), minus the last layer's.
-    callers_parameters = dict(backbone.named_parameters())
-    wrapper_parameters = dict(model.backbone.named_parameters())
+    # The wrapper's weights are the caller's storage (no second copy in memory), minus the last layer's.
+    callers_parameters = dict(backbone.named_parameters(remove_duplicate=False))
+    wrapper_parameters = dict(model.backbone.named_parameters(remove_duplicate=False))
     last_layer = f"{layers_path}.1."
     assert set(wrapper_parameters) == {key for key in callers_parameters if not key.startswith(last_layer)}
-    assert all(parameter is callers_parameters[key] for key, parameter in wrapper_parameters.items())
-    assert get_path(model.backbone, layers_path)[0] is callers_layers[0]
+    for key, parameter in wrapper_parameters.items():
+        assert torch.equal(parameter, callers_parameters[key]), key
+        if parameter.ndim > 1:  # every matrix; transformers' tie_weights re-pads bert2bert's LM-head bias (.data)
+            assert parameter.data_ptr() == callers_parameters[key].data_ptr(), key
+    callers_buffers = dict(backbone.named_buffers())
+    assert all(buffer is callers_buffers[key] for key, buffer in model.backbone.named_buffers())
+    # Ties are kept: the LM head is still the (decoder's) input embedding
+    decoder_embeddings = get_path(model.backbone, model.parts.decoder).get_input_embeddings()
+    assert model.get_output_embeddings().weight is decoder_embeddings.weight
+    # Its modules are its own: resizing the wrapper's vocabulary leaves the caller's model as it was.
+    model.resize_token_embeddings(NEW_VOCAB)
+    assert model.get_input_embeddings().weight.shape[0] == NEW_VOCAB
+    assert backbone.get_input_embeddings().weight.shape[0] == VOCAB
+    assert backbone.get_output_embeddings().weight.shape[0] == VOCAB
+    assert backbone.state_dict().keys() == state.keys()
+    assert all(torch.equal(value, state[key]) for key, value in backbone.state_dict().items())
+    with torch.no_grad():
+        assert torch.equal(backbone(input_ids=input_ids, labels=labels).logits, expected)
 
 
 # -- config checks -----------------------------------------------------------------------------------------------
