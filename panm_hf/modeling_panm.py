@@ -81,6 +81,34 @@ class PanmPreTrainedModel(PreTrainedModel):
             self.config.name_or_path = name_or_path
             self.name_or_path = self.config.name_or_path
 
+    def resize_token_embeddings(
+        self, new_num_tokens: int | None = None, pad_to_multiple_of: int | None = None, mean_resizing: bool = True
+    ) -> nn.Embedding:
+        """Resize the backbone's token embeddings (and LM head), and every `vocab_size` that describes them.
+
+        The backbone's own `resize_token_embeddings` does the work (so BART-family backbones resize
+        `final_logits_bias` too); an `EncoderDecoderModel` backbone resizes its encoder and decoder.
+        Afterwards `config.vocab_size` and `config.text_config.vocab_size` (for bert2bert, the
+        encoder's and decoder's) hold the new size, so a saved model reloads with it.
+
+        Args: as `PreTrainedModel.resize_token_embeddings`.
+
+        Returns:
+            The backbone's (encoder's) input embeddings.
+        """
+        for path in self._vocab_models():
+            get_path(self.backbone, path).resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
+        embeddings = self.get_input_embeddings()
+        vocab_size = embeddings.weight.shape[0]
+        for path in self._vocab_models():
+            get_path(self.config.text_config, path).vocab_size = vocab_size
+        self.config.vocab_size = vocab_size
+        return embeddings
+
+    def _vocab_models(self) -> tuple[str, ...]:
+        # Paths, from `backbone`, of the PreTrainedModels whose resize_token_embeddings resizes the vocabulary.
+        return ("",)
+
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
         # Backbones are PreTrainedModels and get their own init (or keep their loaded
@@ -184,29 +212,8 @@ class PanmForSeq2SeqLM(PanmPreTrainedModel, GenerationMixin):
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         return self.backbone.prepare_decoder_input_ids_from_labels(labels=labels)
 
-    def resize_token_embeddings(
-        self, new_num_tokens: int | None = None, pad_to_multiple_of: int | None = None, mean_resizing: bool = True
-    ) -> nn.Embedding:
-        """Resize the backbone's token embeddings and LM head, and every `vocab_size` that describes them.
-
-        The backbone's own `resize_token_embeddings` does the work (so BART-family backbones resize
-        `final_logits_bias` too); an `EncoderDecoderModel` backbone resizes its encoder and decoder.
-        Afterwards `config.vocab_size` and `config.text_config.vocab_size` (for bert2bert, the
-        encoder's and decoder's) hold the new size, so a saved model reloads with it.
-
-        Args: as `PreTrainedModel.resize_token_embeddings`.
-
-        Returns:
-            The backbone's (encoder's) input embeddings.
-        """
-        for path in self.parts.vocab_models:
-            get_path(self.backbone, path).resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
-        embeddings = self.get_input_embeddings()
-        vocab_size = embeddings.weight.shape[0]
-        for path in self.parts.vocab_models:
-            get_path(self.config.text_config, path).vocab_size = vocab_size
-        self.config.vocab_size = vocab_size
-        return embeddings
+    def _vocab_models(self) -> tuple[str, ...]:
+        return self.parts.vocab_models
 
     # -- forward ---------------------------------------------------------------------------------
     def _logits(self, decoder_states: torch.Tensor) -> torch.Tensor:

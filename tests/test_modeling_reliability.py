@@ -55,6 +55,27 @@ def test_resize_token_embeddings_keeps_old_logits_updates_configs_and_reloads(tm
         assert torch.equal(loaded(input_ids=input_ids, labels=labels).logits, after)
 
 
+
+def test_qa_resize_token_embeddings_updates_both_configs_and_reloads(tmp_path):
+    torch.manual_seed(0)
+    model = BertWithPanmForQuestionAnswering.from_backbone(BertForQuestionAnswering(tiny_bert()), **TINY_PANM)
+    model = model.eval()
+    input_ids = torch.randint(1, VOCAB, (2, 9))
+    with torch.no_grad():
+        before = model(input_ids=input_ids).start_logits
+    model.resize_token_embeddings(NEW_VOCAB)
+    assert model.config.vocab_size == model.config.text_config.vocab_size == NEW_VOCAB
+    assert model.backbone.config.vocab_size == NEW_VOCAB
+    new_ids = torch.cat([input_ids, torch.full((2, 1), NEW_VOCAB - 1)], dim=1)  # (2, 10): a new token too
+    with torch.no_grad():
+        torch.testing.assert_close(model(input_ids=input_ids).start_logits, before, rtol=0, atol=0)
+        after = model(input_ids=new_ids).start_logits
+    model.save_pretrained(tmp_path)
+    loaded = BertWithPanmForQuestionAnswering.from_pretrained(tmp_path).eval()
+    assert loaded.config.vocab_size == NEW_VOCAB
+    with torch.no_grad():
+        assert torch.equal(loaded(input_ids=new_ids).start_logits, after)
+
 # -- from_backbone(placement="replace") leaves the caller's model alone ---------------------------------------------
 @pytest.mark.parametrize("name", ["bart", "t5", "encoder-decoder"])
 def test_replace_leaves_the_callers_backbone_whole_and_shares_its_weights(name):
