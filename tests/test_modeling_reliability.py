@@ -19,7 +19,13 @@ def wrap(name, placement="stack", seed=0):
     return backbone, PanmForSeq2SeqLM.from_backbone(backbone, placement=placement, **TINY_PANM)
 
 
+def tiny_bert():
+    return BertConfig(vocab_size=VOCAB, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                      intermediate_size=32, max_position_embeddings=64)  # fmt: skip
+
+
 def activate_panm(model, seed=1):
+    """Random weights in g^o's zero-initialised last layer, so PANM changes the logits."""
     generator = torch.Generator().manual_seed(seed)
     layer = model.panm.controller.output_mlp[-1]
     with torch.no_grad():
@@ -157,11 +163,6 @@ def test_valid_inverse_temperatures_are_kept():
 
 
 # -- loading: the wrong folder, the base model's name, tied weights --------------------------------------------------
-def tiny_bert():
-    return BertConfig(vocab_size=VOCAB, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
-                      intermediate_size=32, max_position_embeddings=64)  # fmt: skip
-
-
 @pytest.mark.parametrize("model_class", [PanmForSeq2SeqLM, BertWithPanmForQuestionAnswering])
 def test_from_pretrained_on_a_plain_backbone_folder_points_to_from_backbone(tmp_path, model_class):
     if model_class is PanmForSeq2SeqLM:
