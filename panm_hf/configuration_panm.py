@@ -5,7 +5,7 @@ from __future__ import annotations
 from transformers import AutoConfig, PreTrainedConfig
 from transformers.configuration_utils import SubConfigSpec
 
-from .memory import validate_panm_hyperparameters
+from .memory import reject_bool, validate_panm_hyperparameters
 
 PLACEMENTS = ("stack", "replace", "residual")
 # Attributes read from the outer config by Trainer, Seq2SeqTrainer, generate() and weight tying.
@@ -128,11 +128,13 @@ class PanmConfig(PreTrainedConfig):
             address_distractors=self.address_distractors,
             content_read=self.content_read,
             panm_dropout=self.panm_dropout,
+            cosine_inverse_temperature=self.cosine_inverse_temperature,
         )
         if self.placement not in PLACEMENTS:
             raise ValueError(f"placement={self.placement!r} is not supported; choose one of {PLACEMENTS}.")
         for name in ("pointer_hidden_size", "controller_hidden_size", "mlp_hidden_size"):
             value = getattr(self, name)
+            reject_bool(name, value)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer (got {value!r}).")
 

@@ -9,6 +9,7 @@ Imports only torch and einops.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -55,8 +56,23 @@ def validate_panm_hyperparameters(
     address_distractors: int = 0,
     content_read: str = "none",
     panm_dropout: float = 0.0,
+    cosine_inverse_temperature: float = 15.0,
 ) -> None:
     """Raise ValueError naming the field when a PANM hyperparameter is out of range."""
+    for name, value in (("address_bits", address_bits), ("num_pointer_units", num_pointer_units),
+                        ("num_mode2_heads", num_mode2_heads), ("shift_range", shift_range),
+                        ("address_distractors", address_distractors)):  # fmt: skip
+        reject_bool(name, value)
+    if (
+        isinstance(cosine_inverse_temperature, bool)
+        or not isinstance(cosine_inverse_temperature, (int, float))
+        or not math.isfinite(cosine_inverse_temperature)
+        or cosine_inverse_temperature <= 0
+    ):
+        raise ValueError(
+            f"cosine_inverse_temperature must be a finite number > 0 (got {cosine_inverse_temperature!r}); "
+            "it scales cosine scores, the default is 15.0."
+        )
     if not isinstance(address_bits, int) or address_bits < 1:
         raise ValueError(f"address_bits must be an integer >= 1 (got {address_bits!r}).")
     if address_bits > 62:
@@ -93,6 +109,12 @@ def validate_panm_hyperparameters(
             'pointer_update="shift" moves pointers over consecutive slots and cannot be combined with '
             "address_distractors; set address_distractors=0 or pointer_update=\"attention\"."
         )
+
+
+def reject_bool(name: str, value) -> None:
+    """ValueError for a bool given as an integer field (`True` would otherwise count as 1)."""
+    if isinstance(value, bool):
+        raise ValueError(f"{name} must be an integer, not the bool {value!r}; pass a number such as 1.")
 
 
 def initial_pointer_offsets(lengths: torch.Tensor, num_pointer_units: int) -> torch.Tensor:
@@ -170,6 +192,7 @@ class PanmMemory(nn.Module):
             address_distractors=address_distractors,
             content_read=content_read,
             panm_dropout=panm_dropout,
+            cosine_inverse_temperature=cosine_inverse_temperature,
         )
         if content_read != "none" and decoder_input_size == 0:
             raise ValueError(

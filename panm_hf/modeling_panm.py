@@ -17,10 +17,10 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from transformers import AutoModelForSeq2SeqLM, GenerationMixin, PreTrainedModel
+from transformers import AutoModelForSeq2SeqLM, GenerationMixin, PreTrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput
 
-from .backbones import get_path, seq2seq_parts
+from .backbones import get_path, seq2seq_parts, without_last_layer
 from .cache_panm import PanmCache
 from .configuration_panm import PanmConfig
 from .memory import PanmMemory
@@ -40,6 +40,12 @@ class PanmSeq2SeqLMOutput(Seq2SeqLMOutput):
     mode2_attentions: torch.FloatTensor | None = None
 
 
+# from_pretrained arguments that say where a config lives (passed on when peeking at a folder's model_type).
+_CONFIG_LOCATION_KWARGS = (
+    "cache_dir", "force_download", "proxies", "token", "revision", "local_files_only", "subfolder",
+)  # fmt: skip
+
+
 class PanmPreTrainedModel(PreTrainedModel):
     config_class = PanmConfig
     base_model_prefix = "backbone"
@@ -47,6 +53,61 @@ class PanmPreTrainedModel(PreTrainedModel):
     _supports_sdpa = True
     _supports_flash_attn = True
     _supports_attention_backend = True
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
+        """`PreTrainedModel.from_pretrained` for a saved PANM model.
+
+        A folder whose config is not `model_type="panm"` (a plain BART or BERT checkpoint) gets a
+        ValueError pointing to `from_backbone`, instead of a default-size model that fails on every
+        weight. With an explicit `config=PanmConfig(...)` any folder is loaded as usual.
+        """
+        if kwargs.get("config") is None and pretrained_model_name_or_path is not None:
+            location = {name: kwargs[name] for name in _CONFIG_LOCATION_KWARGS if name in kwargs}
+            config_dict, _ = PreTrainedConfig.get_config_dict(pretrained_model_name_or_path, **location)
+            model_type = config_dict.get("model_type")
+            if model_type != cls.config_class.model_type:
+                raise ValueError(
+                    f"{os.fspath(pretrained_model_name_or_path)!r} holds a model_type={model_type!r} checkpoint, "
+                    f"not a saved PANM model (model_type='panm'). Wrap it with "
+                    f"{cls.__name__}.from_backbone({os.fspath(pretrained_model_name_or_path)!r}, ...) instead."
+                )
+        return super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+
+    def _take_name_or_path(self, backbone: PreTrainedModel, path: str | os.PathLike | None) -> None:
+        # PEFT records `name_or_path` as the base model of an adapter; a wrapped model starts with the backbone's.
+        name_or_path = os.fspath(path) if path is not None else getattr(backbone, "name_or_path", "")
+        if name_or_path:
+            self.config.name_or_path = name_or_path
+            self.name_or_path = self.config.name_or_path
+
+    def resize_token_embeddings(
+        self, new_num_tokens: int | None = None, pad_to_multiple_of: int | None = None, mean_resizing: bool = True
+    ) -> nn.Embedding:
+        """Resize the backbone's token embeddings (and LM head), and every `vocab_size` that describes them.
+
+        The backbone's own `resize_token_embeddings` does the work (so BART-family backbones resize
+        `final_logits_bias` too); an `EncoderDecoderModel` backbone resizes its encoder and decoder.
+        Afterwards `config.vocab_size` and `config.text_config.vocab_size` (for bert2bert, the
+        encoder's and decoder's) hold the new size, so a saved model reloads with it.
+
+        Args: as `PreTrainedModel.resize_token_embeddings`.
+
+        Returns:
+            The backbone's (encoder's) input embeddings.
+        """
+        for path in self._vocab_models():
+            get_path(self.backbone, path).resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
+        embeddings = self.get_input_embeddings()
+        vocab_size = embeddings.weight.shape[0]
+        for path in self._vocab_models():
+            get_path(self.config.text_config, path).vocab_size = vocab_size
+        self.config.vocab_size = vocab_size
+        return embeddings
+
+    def _vocab_models(self) -> tuple[str, ...]:
+        # Paths, from `backbone`, of the PreTrainedModels whose resize_token_embeddings resizes the vocabulary.
+        return ("",)
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
@@ -78,16 +139,17 @@ class PanmForSeq2SeqLM(PanmPreTrainedModel, GenerationMixin):
         self.parts = seq2seq_parts(config.text_config)
         if backbone is None:
             backbone = AutoModelForSeq2SeqLM.from_config(config.text_config)
-        self.backbone = backbone
         if config.placement in ("replace", "residual"):
-            layers = get_path(self.backbone, self.parts.decoder_layers)
+            layers = get_path(backbone, self.parts.decoder_layers)
             if len(layers) < 2:
                 raise ValueError(
                     f"placement={config.placement!r} removes the backbone's last decoder layer, but it has "
                     f"{len(layers)}; "
                     "use placement='stack' or a backbone with at least 2 decoder layers."
                 )
-            del layers[-1]
+            # A caller's backbone keeps all its layers; the wrapper shares their weights.
+            backbone = without_last_layer(backbone, self.parts.decoder_layers)
+        self.backbone = backbone
         decoder_dim = get_path(config.text_config, self.parts.decoder_dim)
         self.panm = PanmMemory(
             memory_dim=get_path(config.text_config, self.parts.memory_dim),
@@ -120,13 +182,16 @@ class PanmForSeq2SeqLM(PanmPreTrainedModel, GenerationMixin):
             backbone_kwargs: extra arguments for that `from_pretrained` call (`dtype`, `revision`, ...).
             **panm_kwargs: `PanmConfig` fields (`address_bits`, `placement`, `scoring`, ...).
 
-        The backbone's weights are kept as loaded; only PANM's are initialised. With
-        `placement="replace"` the backbone's last decoder layer is dropped.
+        The backbone's weights are kept as loaded (and shared with `backbone` when a model is
+        passed); only PANM's are initialised. With `placement="replace"` the wrapper leaves out
+        the backbone's last decoder layer; the model passed in keeps all of its layers.
         """
-        if isinstance(backbone, (str, os.PathLike)):
-            backbone = AutoModelForSeq2SeqLM.from_pretrained(backbone, **(backbone_kwargs or {}))
+        path = backbone if isinstance(backbone, (str, os.PathLike)) else None
+        if path is not None:
+            backbone = AutoModelForSeq2SeqLM.from_pretrained(path, **(backbone_kwargs or {}))
         config = PanmConfig(text_config=backbone.config.to_dict(), **panm_kwargs)
         model = cls(config, backbone=backbone)
+        model._take_name_or_path(backbone, path)
         return model.to(backbone.device)
 
     def get_encoder(self, modality: str | None = None):
@@ -149,6 +214,9 @@ class PanmForSeq2SeqLM(PanmPreTrainedModel, GenerationMixin):
 
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         return self.backbone.prepare_decoder_input_ids_from_labels(labels=labels)
+
+    def _vocab_models(self) -> tuple[str, ...]:
+        return self.parts.vocab_models
 
     # -- forward ---------------------------------------------------------------------------------
     def _logits(self, decoder_states: torch.Tensor) -> torch.Tensor:

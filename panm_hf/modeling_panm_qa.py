@@ -128,13 +128,14 @@ class BertWithPanmForQuestionAnswering(PanmPreTrainedModel):
         The loaded weights are kept as they are; only PANM's (and, for a plain encoder,
         `qa_outputs`) are initialised, so a wrapped QA checkpoint starts with its own logits.
         """
-        if isinstance(backbone, (str, os.PathLike)):
+        path = backbone if isinstance(backbone, (str, os.PathLike)) else None
+        if path is not None:
             kwargs = dict(backbone_kwargs or {})
-            loaded_config = AutoConfig.from_pretrained(backbone, **kwargs)
+            loaded_config = AutoConfig.from_pretrained(path, **kwargs)
             if _is_qa_checkpoint(loaded_config):
-                backbone = AutoModelForQuestionAnswering.from_pretrained(backbone, **kwargs)
+                backbone = AutoModelForQuestionAnswering.from_pretrained(path, **kwargs)
             else:
-                backbone = AutoModel.from_pretrained(backbone, **{**_encoder_kwargs(loaded_config), **kwargs})
+                backbone = AutoModel.from_pretrained(path, **{**_encoder_kwargs(loaded_config), **kwargs})
         span_head = getattr(backbone, "qa_outputs", None)
         encoder = getattr(backbone, backbone.base_model_prefix) if span_head is not None else backbone
         if span_head is not None and not (isinstance(span_head, nn.Linear) and span_head.out_features == 2):
@@ -146,6 +147,7 @@ class BertWithPanmForQuestionAnswering(PanmPreTrainedModel):
         model = cls(config, backbone=encoder)
         if span_head is not None:
             model.qa_outputs.load_state_dict(span_head.state_dict())
+        model._take_name_or_path(backbone, path)
         return model.to(encoder.device)
 
     def get_input_embeddings(self) -> nn.Module:

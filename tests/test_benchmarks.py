@@ -39,6 +39,7 @@ def test_step_cost_counts_rnn_matmuls():
     assert cost["gflops"] * 1e9 >= 2 * 2 * 3 * 18 * (4 + 6)
 
 
+@pytest.mark.smoke
 def test_overhead_benchmark_smoke_writes_every_section(tmp_path):
     output = tmp_path / "overhead.json"
     result = subprocess.run(

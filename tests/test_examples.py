@@ -1,12 +1,15 @@
-"""Example scripts run end to end (seconds)."""
+"""Example scripts run end to end (seconds; marked smoke: `make test-smoke`)."""
 
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.smoke
 def test_quickstart_runs(tmp_path):
     result = subprocess.run(
         [sys.executable, str(ROOT / "examples" / "quickstart.py"), "--output_dir", str(tmp_path)],

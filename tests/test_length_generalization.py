@@ -116,11 +116,12 @@ def test_bad_inputs_raise_value_error():
         model(batch.inputs, batch.attention_mask, 20)
 
 
+@pytest.mark.smoke
 def test_demo_smoke_writes_pngs_and_results(tmp_path):
     spec = importlib.util.spec_from_file_location("length_generalization_run", RUN_PY)
     run = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(run)
-    summary = run.main(["--smoke", "--no-progress", "--output-dir", str(tmp_path)])
+    summary = run.main(["--smoke", "--no-progress", "--threads", "1", "--output-dir", str(tmp_path)])
     assert set(summary["copy"]) == {"panm", "content"}
     assert list(summary["copy"]["panm"]["mean"]) == [9, 10, 20, 40, 80]
     for name in ("accuracy_vs_length.png", "pointer_attention.png"):
@@ -154,12 +155,13 @@ def test_score_periodicity_diagnostic_shapes(name):
     assert model.training  # restored
 
 
+@pytest.mark.smoke
 def test_variants_smoke_with_16x_length_and_score_profiles(tmp_path):
     spec = importlib.util.spec_from_file_location("length_generalization_run", RUN_PY)
     run = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(run)
-    summary = run.main(["--smoke", "--no-progress", "--task", "copy", "psort", "--models", "panm_shift",
-                        "panm_distract", "--extra-lengths", "16", "--output-dir", str(tmp_path)])
+    summary = run.main(["--smoke", "--no-progress", "--threads", "1", "--task", "copy", "psort", "--models",
+                        "panm_shift", "panm_distract", "--extra-lengths", "16", "--output-dir", str(tmp_path)])
     assert list(summary["copy"]["panm_shift"]["mean"]) == [9, 10, 20, 40, 80, 160]
     assert list(summary["psort"]["panm_distract"]["mean"]) == [10, 11, 21, 41, 81, 176]
     diagnostics = json.loads((tmp_path / "score_periodicity.json").read_text())
@@ -198,11 +200,12 @@ def test_monitoring_longer_lengths_never_changes_training_or_selection():
         TrainConfig(**base, monitor_lengths=(0,))
 
 
+@pytest.mark.smoke
 def test_demo_monitor_flag_writes_curves(tmp_path):
     spec = importlib.util.spec_from_file_location("length_generalization_run", RUN_PY)
     run = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(run)
-    run.main(["--smoke", "--no-progress", "--models", "panm", "--monitor-lengths", "2", "4",
+    run.main(["--smoke", "--no-progress", "--threads", "1", "--models", "panm", "--monitor-lengths", "2", "4",
               "--output-dir", str(tmp_path)])
     runs = json.loads((tmp_path / "results.json").read_text())["runs"]
     history = runs[0]["history"]

@@ -55,6 +55,7 @@ def test_read_pairs_names_the_file_on_bad_input(tmp_path):
         read_pairs(tmp_path / "missing.tsv.gz")
 
 
+@pytest.mark.smoke
 @pytest.mark.skipif(not DATA_DIR.is_dir(), reason="shared/data/math is not available")
 def test_smoke_run_scores_both_models_on_both_sets(tmp_path):
     command = [

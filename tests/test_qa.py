@@ -26,17 +26,20 @@ from transformers import (
 import panm_hf  # noqa: F401  (registers the Auto classes)
 from panm_hf.configuration_panm import PanmConfig
 from panm_hf.modeling_panm_qa import BertWithPanmForQA, BertWithPanmForQuestionAnswering
-from panm_hf.qa_data import (
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EXAMPLE_DIR = os.path.join(REPO, "examples", "question_answering")
+sys.path.insert(0, EXAMPLE_DIR)  # the SQuAD tooling lives beside run_qa.py, as transformers' utils_qa.py does
+
+from squad_metric import exact_match_score, f1_score, normalize_answer, squad_scores  # noqa: E402
+from utils_qa import (  # noqa: E402
     length_split,
     load_squad_examples,
     postprocess_qa_predictions,
     prepare_train_features,
     prepare_validation_features,
 )
-from panm_hf.squad_metric import exact_match_score, f1_score, normalize_answer, squad_scores
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-EXAMPLE_DIR = os.path.join(REPO, "examples", "question_answering")
 SMALL_PANM = {"address_bits": 7, "pointer_hidden_size": 16, "controller_hidden_size": 16, "mlp_hidden_size": 16}
 WORDS = "red blue green cat dog bird tree house river stone moon sun quick slow big small old new".split()
 
@@ -367,6 +370,7 @@ def test_trainer_evaluate_returns_squad_scores(squad_dir, tmp_path):
     assert squad_scores(gold, references) == {"exact_match": 100.0, "f1": 100.0}
 
 
+@pytest.mark.smoke
 def test_run_qa_example_end_to_end(squad_dir, tmp_path):
     sys.path.insert(0, EXAMPLE_DIR)
     import run_qa

@@ -30,6 +30,7 @@ def test_length_split_trains_on_short_and_tests_on_long():
         length_split(pairs, 1.0)
 
 
+@pytest.mark.smoke
 @pytest.mark.skipif(not DATA_DIR.is_dir(), reason="shared/data/multi30k is not available")
 def test_smoke_run_writes_finite_perplexity_and_bleu(tmp_path):
     command = [

@@ -3,7 +3,7 @@
 
 In the style of transformers' ``run_qa.py``: ``HfArgumentParser`` dataclasses, windows
 of ``max_seq_length`` tokens with ``doc_stride`` overlap and offset mappings, n-best
-post-processing to answer text, official SQuAD v1.1 EM/F1 (``panm_hf.squad_metric``).
+post-processing to answer text, official SQuAD v1.1 EM/F1 (``squad_metric.py`` beside this script).
 
 The paper's split (Sec. 4.3): pool the questions, sort them by context length, train on
 the shorter ``train_fraction`` and test on the rest (0.8/0.2 and 0.5/0.5). Only the
@@ -50,14 +50,14 @@ from transformers import (
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from trainer_qa import QuestionAnsweringTrainer  # noqa: E402
-
-from panm_hf.modeling_panm_qa import BertWithPanmForQuestionAnswering  # noqa: E402
-from panm_hf.qa_data import (  # noqa: E402
+from utils_qa import (  # noqa: E402
     length_split,
     load_squad_examples,
     prepare_train_features,
     prepare_validation_features,
 )
+
+from panm_hf.modeling_panm_qa import BertWithPanmForQuestionAnswering  # noqa: E402
 
 logger = logging.getLogger(__name__)
 MODEL_CHOICES = ("bert", "panm", "both")

@@ -3,8 +3,8 @@
 Trainer's own `compute_metrics` only runs when the evaluation set has labels and only
 sees logits; extractive QA needs the windows' offsets and the questions' gold answers
 to turn per-window logits into answer text first. So `evaluate()` runs the prediction
-loop, post-processes with `panm_hf.qa_data.postprocess_qa_predictions` and scores with
-`panm_hf.squad_metric.squad_scores` (transformers' run_qa example does the same).
+loop, post-processes with `utils_qa.postprocess_qa_predictions` and scores with
+`squad_metric.squad_scores` (both beside this file; transformers' run_qa example does the same).
 """
 
 from __future__ import annotations
@@ -12,11 +12,10 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
+from squad_metric import squad_scores
 from transformers import Trainer
 from transformers.trainer_utils import speed_metrics
-
-from panm_hf.qa_data import postprocess_qa_predictions
-from panm_hf.squad_metric import squad_scores
+from utils_qa import postprocess_qa_predictions
 
 
 class QuestionAnsweringTrainer(Trainer):

@@ -10,7 +10,10 @@ from __future__ import annotations
 import gzip
 import os
 import random
+import zlib
 from dataclasses import dataclass
+
+from panm_hf import splits
 
 MULTI30K_SPLITS = ("train", "val", "test_2016_flickr")
 
@@ -30,9 +33,20 @@ class TranslationPairs:
 
 
 def _read_lines(path: str) -> list[str]:
+    """The file's lines; ValueError naming the file when it is empty or damaged (bad gzip, bad UTF-8)."""
     opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8") as handle:
-        return [line.rstrip("\n") for line in handle]
+    try:
+        with opener(path, "rt", encoding="utf-8") as handle:
+            lines = [line.rstrip("\n") for line in handle]
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{path} is not valid UTF-8 ({error}); Multi30K's files are UTF-8 text.") from error
+    except (OSError, EOFError, zlib.error) as error:
+        raise ValueError(
+            f"{path} cannot be read ({error}); check that the file is complete (and gzipped if .gz)."
+        ) from error
+    if not lines:
+        raise ValueError(f"{path} is empty; restore it from Multi30K (or remove the pair of files of that split).")
+    return lines
 
 
 def _find_file(data_dir: str, split: str, lang: str) -> str | None:
@@ -88,15 +102,15 @@ def load_hub_pairs(dataset_name: str, config_name: str | None, source_lang: str,
 
 
 def length_split(pairs: TranslationPairs, split_ratio: float) -> tuple[TranslationPairs, TranslationPairs]:
-    """Sort by source length (whitespace tokens; ties keep data order) and cut at `split_ratio`.
+    """Sort by source length (whitespace tokens; ties keep data order) and cut at `split_ratio`
+    (`panm_hf.splits.length_split`).
 
     Returns `(train, test)`: the shortest `split_ratio` of the pairs and the longest rest.
     """
     if not 0.0 < split_ratio < 1.0:
         raise ValueError(f"--split_ratio must lie strictly between 0 and 1 (got {split_ratio}); paper: 0.8, 0.5.")
-    order = sorted(range(len(pairs)), key=lambda i: len(pairs.sources[i].split()))
-    cut = int(round(split_ratio * len(pairs)))
-    return pairs.subset(order[:cut]), pairs.subset(order[cut:])
+    train, test = splits.length_split(range(len(pairs)), split_ratio, sort_key=lambda i: len(pairs.sources[i].split()))
+    return pairs.subset(train), pairs.subset(test)
 
 
 def sample(pairs: TranslationPairs, max_samples: int | None, seed: int) -> TranslationPairs:

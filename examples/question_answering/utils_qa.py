@@ -1,6 +1,7 @@
 """SQuAD-format data for extractive QA: loading, the paper's length split, windows, answers.
 
-Shared by ``examples/question_answering/run_qa.py`` and the tests:
+Kept beside ``run_qa.py`` (as transformers keeps its ``utils_qa.py``); used by it,
+``trainer_qa.py`` and the tests:
 
 * ``load_squad_examples`` flattens the official nested JSON (plain or ``.gz``) into one
   record per question, in the column layout of the Hub's ``squad`` dataset.
@@ -20,9 +21,12 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import zlib
 from collections.abc import Sequence
 
 import numpy as np
+
+from panm_hf import splits
 
 
 def load_squad_examples(path: str | os.PathLike) -> list[dict]:
@@ -34,41 +38,103 @@ def load_squad_examples(path: str | os.PathLike) -> list[dict]:
     Returns:
         A list of `{"id", "title", "context", "question", "answers": {"text": [...],
         "answer_start": [...]}}` dicts in file order.
+
+    Raises:
+        ValueError: naming the file (and the question id) when the file is missing, unreadable
+            (bad gzip, bad UTF-8, bad JSON), not in SQuAD layout, holds no question, or a
+            question has no gold answer.
     """
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise ValueError(f"data_file {path!r} does not exist; pass the path of a SQuAD-format JSON(.gz) file.")
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8") as handle:
-        document = json.load(handle)
-    if "data" not in document:
+    document = _read_json(path)
+    data = document.get("data") if isinstance(document, dict) else None
+    if not isinstance(data, list):
         raise ValueError(f"data_file {path!r} is not in SQuAD format: it has no top-level 'data' list.")
     examples = []
-    for article in document["data"]:
-        for paragraph in article["paragraphs"]:
-            for qa in paragraph["qas"]:
-                examples.append(
-                    {
-                        "id": qa["id"],
-                        "title": article.get("title", ""),
-                        "context": paragraph["context"],
-                        "question": qa["question"],
-                        "answers": {
-                            "text": [answer["text"] for answer in qa["answers"]],
-                            "answer_start": [answer["answer_start"] for answer in qa["answers"]],
-                        },
-                    }
-                )
+    for article_index, article in enumerate(data):
+        where = f"data[{article_index}]"
+        for paragraph_index, paragraph in enumerate(_squad_field(article, "paragraphs", list, path, where)):
+            where = f"data[{article_index}].paragraphs[{paragraph_index}]"
+            context = _squad_field(paragraph, "context", str, path, where)
+            for qa in _squad_field(paragraph, "qas", list, path, where):
+                examples.append(_question_record(qa, article, context, path, where))
+    if not examples:
+        raise ValueError(
+            f"data_file {path!r} holds no questions (its 'data' list is empty or has no 'qas'); "
+            "pass a SQuAD v1.1 file with at least one question."
+        )
     return examples
 
 
-def length_split(examples: Sequence[dict], train_fraction: float) -> tuple[list[dict], list[dict]]:
-    """The paper's length split: train on the shorter contexts, test on the longer.
+def _read_json(path: str):
+    # Damaged files raise with the file's name instead of a bare gzip/codec/JSON error.
+    compressed = path.endswith(".gz")
+    opener = gzip.open if compressed else open
+    try:
+        with opener(path, "rt", encoding="utf-8") as handle:
+            return json.load(handle)
+    except UnicodeDecodeError as error:
+        raise ValueError(f"data_file {path!r} is not valid UTF-8 ({error}); save it as UTF-8 JSON.") from error
+    except json.JSONDecodeError as error:
+        raise ValueError(
+            f"data_file {path!r} is not valid JSON ({error}); check that the download or copy is complete."
+        ) from error
+    except (OSError, EOFError, zlib.error) as error:
+        kind = "gzip file" if compressed else "file"
+        raise ValueError(
+            f"data_file {path!r} cannot be read as a {kind} ({error}); check that it is complete"
+            + (" and really gzipped (or drop the .gz suffix)." if compressed else ".")
+        ) from error
 
-    Questions are sorted by the number of whitespace-separated words of their context
-    (ties broken by the context text, then the id, so the split is deterministic). The cut
-    is placed after `round(train_fraction * n)` questions and then moved forward to the end
-    of the current paragraph, so no context is in both parts.
+
+def _squad_field(record, name: str, kind: type, path: str, where: str):
+    if not isinstance(record, dict) or not isinstance(record.get(name), kind):
+        raise ValueError(
+            f"data_file {path!r} is not in SQuAD format: {where} has no {kind.__name__} {name!r} "
+            "(expected data/paragraphs/qas as in SQuAD v1.1)."
+        )
+    return record[name]
+
+
+def _question_record(qa, article: dict, context: str, path: str, where: str) -> dict:
+    question_id = qa.get("id") if isinstance(qa, dict) else None
+    if question_id is None:
+        raise ValueError(f"data_file {path!r}: a question in {where} has no 'id'; every SQuAD question needs one.")
+    where = f"question {question_id!r} in {where}"
+    question = _squad_field(qa, "question", str, path, where)
+    answers = qa.get("answers")
+    if not isinstance(answers, list) or not answers:
+        raise ValueError(
+            f"data_file {path!r}: {where} has no gold answer ('answers' is missing or empty); SQuAD v1.1 "
+            "training and scoring need at least one. Drop the question (e.g. SQuAD v2's unanswerable ones)."
+        )
+    for answer in answers:
+        if not (isinstance(answer, dict) and isinstance(answer.get("text"), str)
+                and isinstance(answer.get("answer_start"), int)):  # fmt: skip
+            raise ValueError(
+                f"data_file {path!r}: {where} has an answer without a string 'text' and an integer "
+                f"'answer_start' (got {answer!r})."
+            )
+    return {
+        "id": question_id,
+        "title": article.get("title", ""),
+        "context": context,
+        "question": question,
+        "answers": {
+            "text": [answer["text"] for answer in answers],
+            "answer_start": [answer["answer_start"] for answer in answers],
+        },
+    }
+
+
+def length_split(examples: Sequence[dict], train_fraction: float) -> tuple[list[dict], list[dict]]:
+    """The paper's length split of questions: train on the shorter contexts, test on the longer.
+
+    `panm_hf.splits.length_split` with questions sorted by the number of whitespace-separated
+    words of their context (ties broken by the context text, then the id, so the split is
+    deterministic) and grouped by context: the cut moves forward to the end of the current
+    paragraph, so no context is in both parts.
 
     Args:
         examples: flat question records (as `load_squad_examples` returns).
@@ -77,13 +143,12 @@ def length_split(examples: Sequence[dict], train_fraction: float) -> tuple[list[
     Returns:
         `(train, test)`; every test context is at least as long as every training context.
     """
-    if not 0.0 < train_fraction < 1.0:
-        raise ValueError(f"train_fraction must be in (0, 1) (got {train_fraction!r}); the paper uses 0.8 and 0.5.")
-    ordered = sorted(examples, key=lambda ex: (len(ex["context"].split()), ex["context"], ex["id"]))
-    cut = min(max(round(train_fraction * len(ordered)), 1), len(ordered))
-    while cut < len(ordered) and ordered[cut]["context"] == ordered[cut - 1]["context"]:
-        cut += 1
-    return ordered[:cut], ordered[cut:]
+    return splits.length_split(
+        examples,
+        train_fraction,
+        sort_key=lambda ex: (len(ex["context"].split()), ex["context"], ex["id"]),
+        group=lambda ex: ex["context"],
+    )
 
 
 def _tokenize_windows(examples: dict, tokenizer, max_seq_length: int, doc_stride: int, pad_to_max_length: bool):
@@ -130,6 +195,12 @@ def prepare_train_features(
         cls_index = input_ids.index(tokenizer.cls_token_id) if tokenizer.cls_token_id in input_ids else 0
         sequence_ids = tokenized.sequence_ids(window)
         answers = examples["answers"][sample_mapping[window]]
+        if not answers["text"] or not answers["answer_start"]:
+            question_id = examples["id"][sample_mapping[window]] if "id" in examples else sample_mapping[window]
+            raise ValueError(
+                f"question {question_id!r} has no gold answer (empty 'answers'); training windows need one. "
+                "Drop unanswerable questions before windowing."
+            )
         start_char = answers["answer_start"][0]
         end_char = start_char + len(answers["text"][0])
         context_tokens = [i for i, sequence_id in enumerate(sequence_ids) if sequence_id == context_index]
