@@ -23,10 +23,11 @@ from pathlib import Path
 
 import torch
 
-from panm_hf.tasks import TASKS, make_batch, task_spec
-from panm_hf.tasks.diagnostics import address_score_periodicity
-from panm_hf.tasks.harness import TrainConfig, markdown_table, train_and_evaluate, write_results
-from panm_hf.tasks.models import MODEL_NAMES, PANM_VARIANTS
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the research/ package beside panm_hf
+from research import TASKS, make_batch, task_spec  # noqa: E402
+from research.diagnostics import address_score_periodicity  # noqa: E402
+from research.harness import TrainConfig, markdown_table, train_and_evaluate, write_results  # noqa: E402
+from research.models import MODEL_NAMES, PANM_VARIANTS  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:

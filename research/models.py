@@ -6,7 +6,7 @@ the decoder sees no target token, only a constant (zero) input at every step.
 All share one slot encoder (a linear embedding and an LSTM) so that the only
 difference between them is how the decoder reads the encoder's memory:
 
-* ``panm``:      PANM (`PanmMemory`, the project's memory core) with `z_t = 0`.
+* ``panm``:      PANM (`panm_hf.PanmMemory`, the library's memory core) with `z_t = 0`.
 * ``lstm``:      LSTM seq2seq, the decoder starts from the encoder's final state.
 * ``content``:   Bahdanau (additive, content-based) attention decoder.
 * ``location``:  Luong location-based attention, `a_t = softmax(W_a h_t)` over slot positions.
@@ -29,8 +29,9 @@ import torch
 from einops import rearrange
 from torch import nn
 
-from ..attention import masked_softmax
-from ..memory import PanmMemory
+from panm_hf.attention import masked_softmax
+from panm_hf.memory import PanmMemory
+
 from .algorithmic import NUM_TOKENS
 
 # PANM variants of the suite: the faithful model and each beyond-the-paper option (core flags).
