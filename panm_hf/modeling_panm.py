@@ -90,10 +90,10 @@ class PanmForSeq2SeqLM(PanmPreTrainedModel, GenerationMixin):
             del layers[-1]
         decoder_dim = get_path(config.text_config, self.parts.decoder_dim)
         self.panm = PanmMemory(
+            config,
             memory_dim=get_path(config.text_config, self.parts.memory_dim),
             decoder_input_size=decoder_dim,
             output_size=decoder_dim,
-            **config.panm_kwargs(),
         )
         # placement="residual": the Controller's output joins z_t as a post-LN Transformer sublayer.
         self.output_norm = nn.LayerNorm(decoder_dim) if config.placement == "residual" else None

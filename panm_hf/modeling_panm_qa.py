@@ -89,9 +89,7 @@ class BertWithPanmForQuestionAnswering(PanmPreTrainedModel):
         self.backbone = backbone
         hidden_size = text_config.hidden_size
         self.qa_outputs = nn.Linear(hidden_size, 2)
-        self.panm = PanmMemory(
-            memory_dim=hidden_size, decoder_input_size=0, output_size=hidden_size, **config.panm_kwargs()
-        )
+        self.panm = PanmMemory(config, memory_dim=hidden_size, decoder_input_size=0, output_size=hidden_size)
         self.post_init()
 
     def _zero_init_module(self) -> nn.Module | None:

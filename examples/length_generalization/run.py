@@ -23,6 +23,8 @@ from pathlib import Path
 
 import torch
 
+from panm_hf.memory_config import CONTROLLER_INITS, SCORINGS
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the research/ package beside panm_hf
 from research import TASKS, make_batch, task_spec  # noqa: E402
 from research.diagnostics import address_score_periodicity  # noqa: E402
@@ -43,10 +45,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--eval-every", type=int, default=50, help="steps between validations at L+1")
     parser.add_argument("--eval-samples", type=int, default=256, help="samples per validation/test length")
     parser.add_argument(
-        "--scoring", choices=("dot", "cosine"), default=None, help="PANM scoring (suite default: cosine x 15)"
+        "--scoring", choices=SCORINGS, default=None, help="PANM scoring (suite default: cosine x 15)"
     )
     parser.add_argument("--cosine-inverse-temperature", type=float, default=None)
-    parser.add_argument("--controller-init", choices=("mean", "sum"), default=None)
+    parser.add_argument("--controller-init", choices=CONTROLLER_INITS, default=None)
     parser.add_argument(
         "--extra-lengths",
         type=int,
