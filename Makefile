@@ -31,7 +31,7 @@ test-slow: setup $(VENV)/.pretrained  ## every test: fast, smoke and slow (real 
 	$(PY) -m pytest -m "slow or not slow"
 
 lint: setup
-	$(PY) -m ruff check panm_hf tests examples benchmarks
+	$(PY) -m ruff check panm_hf research tests examples benchmarks
 
 demo: setup  ## the main job: PANM vs content attention, trained on Copy, tested on longer inputs
 	$(PY) examples/length_generalization/run.py

@@ -42,7 +42,9 @@ from transformers import BartConfig, BartForConditionalGeneration, BertConfig, B
 
 from panm_hf import PanmConfig, PanmForSeq2SeqLM
 from panm_hf.modeling_panm_qa import BertWithPanmForQuestionAnswering
-from panm_hf.tasks import build_model, make_batch, task_spec
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the research/ package beside panm_hf
+from research import build_model, make_batch, task_spec  # noqa: E402
 
 SEQ2SEQ = dict(vocab_size=8000, d_model=512, encoder_layers=3, decoder_layers=3, encoder_attention_heads=8,
                decoder_attention_heads=8, encoder_ffn_dim=2048, decoder_ffn_dim=2048, max_position_embeddings=1024,

@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 
-from panm_hf.tasks import build_model, make_batch, task_spec
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the research/ package beside panm_hf
+from research import build_model, make_batch, task_spec  # noqa: E402
 
 
 def median_ms(fn, repeats: int = 30) -> float:

@@ -12,13 +12,16 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 
-from panm_hf.tasks import build_model, make_batch, task_spec
-from panm_hf.tasks.harness import sequence_loss
-from panm_hf.tasks.models import PANM_VARIANTS
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the research/ package beside panm_hf
+from research import build_model, make_batch, task_spec  # noqa: E402
+from research.harness import sequence_loss  # noqa: E402
+from research.models import PANM_VARIANTS  # noqa: E402
 
 
 def main() -> None:

@@ -10,6 +10,7 @@ from .addressing import binary_codes, build_address_bank, sample_base_address
 from .cache_panm import PanmCache
 from .configuration_panm import PanmConfig
 from .memory import PanmMemory, PanmMemoryOutput
+from .memory_config import PanmMemoryConfig
 from .modeling_panm import PanmForSeq2SeqLM, PanmPreTrainedModel, PanmSeq2SeqLMOutput
 from .modeling_panm_qa import BertWithPanmForQA, BertWithPanmForQuestionAnswering
 from .state import AddressedMemory, PanmState
@@ -31,6 +32,7 @@ __all__ = [
     "PanmConfig",
     "PanmForSeq2SeqLM",
     "PanmMemory",
+    "PanmMemoryConfig",
     "PanmMemoryOutput",
     "PanmPreTrainedModel",
     "PanmSeq2SeqLMOutput",

@@ -1,6 +1,6 @@
 """Attention scoring shared by the Pointer Units (address attention) and Mode-2 reads.
 
-Two scorings are offered (``PanmConfig.scoring``):
+Two scorings are offered (``PanmMemoryConfig.scoring``):
 
 * ``"dot"``: scaled dot product ``q.k / sqrt(d)``, as in the authors' code.
 * ``"cosine"``: cosine similarity times a learnable inverse temperature, the
@@ -16,7 +16,7 @@ import math
 import torch
 from torch import nn
 
-SCORINGS = ("dot", "cosine")
+from .memory_config import PanmMemoryConfig
 
 
 def masked_softmax(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -34,17 +34,20 @@ def masked_softmax(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 class AttentionScorer(nn.Module):
-    """Scores queries against keys with the configured scoring function."""
+    """Scores queries against keys with `config.scoring` (`cosine_inverse_temperature` for `"cosine"`).
 
-    def __init__(self, *, scoring: str, dim: int, cosine_inverse_temperature: float = 15.0):
+    Args:
+        config: the PANM hyperparameters.
+        dim: size of the queries and keys.
+    """
+
+    def __init__(self, config: PanmMemoryConfig, *, dim: int):
         super().__init__()
-        if scoring not in SCORINGS:
-            raise ValueError(f"scoring={scoring!r} is not supported; choose one of {SCORINGS}.")
-        self.scoring = scoring
+        self.scoring = config.scoring
         self.dim = dim
-        self.cosine_inverse_temperature_init = cosine_inverse_temperature
-        if scoring == "cosine":
-            self.inverse_temperature = nn.Parameter(torch.tensor(float(cosine_inverse_temperature)))
+        self.cosine_inverse_temperature_init = float(config.cosine_inverse_temperature)
+        if self.scoring == "cosine":
+            self.inverse_temperature = nn.Parameter(torch.tensor(self.cosine_inverse_temperature_init))
 
     def reset_parameters(self) -> None:
         if self.scoring == "cosine":

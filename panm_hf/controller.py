@@ -17,44 +17,34 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-CONTROLLER_INITS = ("mean", "sum")
+from .memory_config import PanmMemoryConfig
 
 
 class Controller(nn.Module):
     """Controller GRU plus output MLP `g^o`.
 
     Args:
+        config: the PANM hyperparameters; reads `controller_hidden_size` (GRU size), `mlp_hidden_size`
+            (width of `g^o`) and `controller_init` (`"mean"` or `"sum"` of the real memory slots for `h^c_0`).
         read_size: size of the concatenated Mode-1 and Mode-2 values.
         decoder_input_size: size of `z_t` (0 when the Controller has no decoder input).
         memory_dim: size of a memory slot (for the initial state).
-        hidden_size: Controller GRU size (paper: 256).
-        mlp_hidden_size: hidden width of `g^o` (paper: 128).
         output_size: size of the output.
-        init: `"mean"` or `"sum"` of the real memory slots for `h^c_0`.
     """
 
     def __init__(
-        self,
-        *,
-        read_size: int,
-        decoder_input_size: int,
-        memory_dim: int,
-        hidden_size: int,
-        mlp_hidden_size: int,
-        output_size: int,
-        init: str = "mean",
+        self, config: PanmMemoryConfig, *, read_size: int, decoder_input_size: int, memory_dim: int, output_size: int
     ):
         super().__init__()
-        if init not in CONTROLLER_INITS:
-            raise ValueError(f"controller_init={init!r} is not supported; choose one of {CONTROLLER_INITS}.")
-        self.init = init
+        hidden_size = config.controller_hidden_size
+        self.init = config.controller_init
         self.decoder_input_size = decoder_input_size
         self.initial_state = nn.Linear(memory_dim, hidden_size)
         self.gru = nn.GRU(read_size + decoder_input_size, hidden_size, batch_first=True)
         self.output_mlp = nn.Sequential(
-            nn.Linear(read_size + hidden_size, mlp_hidden_size),
+            nn.Linear(read_size + hidden_size, config.mlp_hidden_size),
             nn.ReLU(),
-            nn.Linear(mlp_hidden_size, output_size),
+            nn.Linear(config.mlp_hidden_size, output_size),
         )
 
     def initial_hidden(self, memory_states: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:

@@ -9,7 +9,6 @@ Imports only torch and einops.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -17,11 +16,10 @@ from einops import rearrange
 from torch import nn
 
 from .addressing import binary_codes, sample_base_address, sample_distractor_addresses
-from .attention import SCORINGS
-from .controller import CONTROLLER_INITS, Controller
-from .pointer_arithmetic import POINTER_UPDATES
+from .controller import Controller
+from .memory_config import PanmMemoryConfig
 from .pointer_unit import PointerUnits
-from .reads import CONTENT_READS, DecoderContentReader, Mode2Reader, mode1_read
+from .reads import DecoderContentReader, Mode2Reader, mode1_read
 from .state import AddressedMemory, PanmState
 
 
@@ -44,79 +42,6 @@ class PanmMemoryOutput:
     mode2_attentions: torch.Tensor | None = None
 
 
-def validate_panm_hyperparameters(
-    *,
-    address_bits: int,
-    num_pointer_units: int,
-    num_mode2_heads: int,
-    scoring: str,
-    controller_init: str,
-    pointer_update: str = "attention",
-    shift_range: int = 1,
-    address_distractors: int = 0,
-    content_read: str = "none",
-    panm_dropout: float = 0.0,
-    cosine_inverse_temperature: float = 15.0,
-) -> None:
-    """Raise ValueError naming the field when a PANM hyperparameter is out of range."""
-    for name, value in (("address_bits", address_bits), ("num_pointer_units", num_pointer_units),
-                        ("num_mode2_heads", num_mode2_heads), ("shift_range", shift_range),
-                        ("address_distractors", address_distractors)):  # fmt: skip
-        reject_bool(name, value)
-    if (
-        isinstance(cosine_inverse_temperature, bool)
-        or not isinstance(cosine_inverse_temperature, (int, float))
-        or not math.isfinite(cosine_inverse_temperature)
-        or cosine_inverse_temperature <= 0
-    ):
-        raise ValueError(
-            f"cosine_inverse_temperature must be a finite number > 0 (got {cosine_inverse_temperature!r}); "
-            "it scales cosine scores, the default is 15.0."
-        )
-    if not isinstance(address_bits, int) or address_bits < 1:
-        raise ValueError(f"address_bits must be an integer >= 1 (got {address_bits!r}).")
-    if address_bits > 62:
-        raise ValueError(f"address_bits={address_bits} overflows 64-bit addresses; use at most 62.")
-    if not isinstance(num_pointer_units, int) or num_pointer_units < 1:
-        raise ValueError(
-            f"num_pointer_units (H^a) must be an integer >= 1 (got {num_pointer_units!r}); "
-            "the paper uses 2 (base and end pointers)."
-        )
-    if not isinstance(num_mode2_heads, int) or num_mode2_heads < 0:
-        raise ValueError(f"num_mode2_heads (H^c) must be an integer >= 0 (got {num_mode2_heads!r}).")
-    if scoring not in SCORINGS:
-        raise ValueError(f"scoring={scoring!r} is not supported; choose one of {SCORINGS}.")
-    if controller_init not in CONTROLLER_INITS:
-        raise ValueError(f"controller_init={controller_init!r} is not supported; choose one of {CONTROLLER_INITS}.")
-    if pointer_update not in POINTER_UPDATES:
-        raise ValueError(
-            f"pointer_update={pointer_update!r} is not supported; choose one of {POINTER_UPDATES} "
-            '("attention" is the paper\'s Pointer Unit).'
-        )
-    if not isinstance(shift_range, int) or shift_range < 1:
-        raise ValueError(f"shift_range must be an integer >= 1 (got {shift_range!r}); 1 allows steps -1, 0, +1.")
-    if not isinstance(address_distractors, int) or address_distractors < 0:
-        raise ValueError(f"address_distractors must be an integer >= 0 (got {address_distractors!r}); 0 disables.")
-    if content_read not in CONTENT_READS:
-        raise ValueError(
-            f"content_read={content_read!r} is not supported; choose one of {CONTENT_READS} "
-            '("none" is the paper\'s equations).'
-        )
-    if isinstance(panm_dropout, bool) or not isinstance(panm_dropout, (int, float)) or not 0.0 <= panm_dropout < 1.0:
-        raise ValueError(f"panm_dropout must be a probability in [0, 1) (got {panm_dropout!r}); 0 disables it.")
-    if pointer_update == "shift" and address_distractors > 0:
-        raise ValueError(
-            'pointer_update="shift" moves pointers over consecutive slots and cannot be combined with '
-            "address_distractors; set address_distractors=0 or pointer_update=\"attention\"."
-        )
-
-
-def reject_bool(name: str, value) -> None:
-    """ValueError for a bool given as an integer field (`True` would otherwise count as 1)."""
-    if isinstance(value, bool):
-        raise ValueError(f"{name} must be an integer, not the bool {value!r}; pass a number such as 1.")
-
-
 def initial_pointer_offsets(lengths: torch.Tensor, num_pointer_units: int) -> torch.Tensor:
     """Slot offsets where the Mode-1 pointers start (appendix, 'Model and Architecture').
 
@@ -134,119 +59,44 @@ class PanmMemory(nn.Module):
     """Pointer-Augmented Neural Memory.
 
     Args:
+        config: the PANM hyperparameters (`PanmMemoryConfig`, or a `PanmConfig`, which inherits its
+            fields); each part reads the fields it uses, documented on `PanmMemoryConfig`.
         memory_dim: size `d_m` of a memory slot (the encoder's hidden size).
         decoder_input_size: size of the decoder input `z_t` fed to the Controller; 0 for none (`z_t = 0`).
+            `content_read="decoder"` needs one.
         output_size: size of the Controller's output.
-        address_bits: `b`; inputs may have at most `2^b` slots.
-        num_pointer_units: `H^a`, the number of Mode-1 pointers.
-        num_mode2_heads: `H^c`, the number of Mode-2 heads (0 disables Mode 2).
-        pointer_hidden_size: Pointer Unit GRU size.
-        controller_hidden_size: Controller GRU size.
-        mlp_hidden_size: hidden width of `g^a`, `g^c` and `g^o`.
-        scoring: `"dot"` or `"cosine"` attention scoring.
-        cosine_inverse_temperature: initial inverse temperature of `"cosine"` scoring.
-        controller_init: `"mean"` or `"sum"` of the real memory slots for `h^c_0`.
-        pointer_update: `"attention"` (the paper) or `"shift"` (beyond the paper: attention mixed with
-            content-free pointer arithmetic, `panm_hf.pointer_arithmetic`).
-        shift_range: `K`, the largest step of `"shift"`.
-        address_distractors: beyond the paper: in training, this many distractor addresses per sample
-            join the address bank the Pointer Units attend over (`sample_distractor_addresses`);
-            weight put on them reads nothing. 0 (default) disables; no effect in eval mode.
-        content_read: `"none"` (the paper's equations) or `"decoder"`: one more read, a content
-            attention over `M` queried by `z_t` (`reads.DecoderContentReader`), fed to the Controller
-            with the Mode-1 and Mode-2 values. Needs `decoder_input_size > 0`.
-        panm_dropout: dropout on the reads entering the Controller and on its output (the paper
-            has none; the authors' code drops 0.5 of the Mode-2 attention).
     """
 
-    def __init__(
-        self,
-        *,
-        memory_dim: int,
-        decoder_input_size: int,
-        output_size: int,
-        address_bits: int = 10,
-        num_pointer_units: int = 2,
-        num_mode2_heads: int = 1,
-        pointer_hidden_size: int = 256,
-        controller_hidden_size: int = 256,
-        mlp_hidden_size: int = 128,
-        scoring: str = "cosine",
-        cosine_inverse_temperature: float = 15.0,
-        controller_init: str = "mean",
-        pointer_update: str = "attention",
-        shift_range: int = 1,
-        address_distractors: int = 0,
-        content_read: str = "none",
-        panm_dropout: float = 0.0,
-    ):
+    def __init__(self, config: PanmMemoryConfig, *, memory_dim: int, decoder_input_size: int, output_size: int):
         super().__init__()
-        validate_panm_hyperparameters(
-            address_bits=address_bits,
-            num_pointer_units=num_pointer_units,
-            num_mode2_heads=num_mode2_heads,
-            scoring=scoring,
-            controller_init=controller_init,
-            pointer_update=pointer_update,
-            shift_range=shift_range,
-            address_distractors=address_distractors,
-            content_read=content_read,
-            panm_dropout=panm_dropout,
-            cosine_inverse_temperature=cosine_inverse_temperature,
-        )
-        if content_read != "none" and decoder_input_size == 0:
+        PanmMemoryConfig.validate(config)  # again: a config may have been edited since it was built
+        if config.content_read != "none" and decoder_input_size == 0:
             raise ValueError(
-                f"content_read={content_read!r} queries memory with the decoder state z_t, but this PanmMemory "
-                "has no decoder input (decoder_input_size=0, as in the QA head); use content_read=\"none\"."
+                f"content_read={config.content_read!r} queries memory with the decoder state z_t, but this "
+                "PanmMemory has no decoder input (decoder_input_size=0, as in the QA head); use "
+                'content_read="none".'
             )
-        self.address_distractors = address_distractors
+        self.address_distractors = config.address_distractors
         self.memory_dim = memory_dim
         self.decoder_input_size = decoder_input_size
-        self.address_bits = address_bits
-        self.num_pointer_units = num_pointer_units
-        self.num_mode2_heads = num_mode2_heads
-        self.pointer_units = PointerUnits(
-            num_pointer_units=num_pointer_units,
-            address_bits=address_bits,
-            hidden_size=pointer_hidden_size,
-            mlp_hidden_size=mlp_hidden_size,
-            scoring=scoring,
-            cosine_inverse_temperature=cosine_inverse_temperature,
-            pointer_update=pointer_update,
-            shift_range=shift_range,
-        )
-        self.mode2_reader = (
-            Mode2Reader(
-                memory_dim=memory_dim,
-                num_pointer_units=num_pointer_units,
-                num_heads=num_mode2_heads,
-                mlp_hidden_size=mlp_hidden_size,
-                scoring=scoring,
-                cosine_inverse_temperature=cosine_inverse_temperature,
-            )
-            if num_mode2_heads > 0
-            else None
-        )
+        self.address_bits = config.address_bits
+        self.num_pointer_units = config.num_pointer_units
+        self.num_mode2_heads = config.num_mode2_heads
+        self.pointer_units = PointerUnits(config)
+        self.mode2_reader = Mode2Reader(config, memory_dim=memory_dim) if config.num_mode2_heads > 0 else None
         self.content_reader = (
-            DecoderContentReader(
-                memory_dim=memory_dim,
-                decoder_input_size=decoder_input_size,
-                scoring=scoring,
-                cosine_inverse_temperature=cosine_inverse_temperature,
-            )
-            if content_read == "decoder"
+            DecoderContentReader(config, memory_dim=memory_dim, decoder_input_size=decoder_input_size)
+            if config.content_read == "decoder"
             else None
         )
-        self.dropout = nn.Dropout(panm_dropout)
-        num_reads = num_pointer_units + num_mode2_heads + (1 if self.content_reader is not None else 0)
+        self.dropout = nn.Dropout(config.panm_dropout)
+        num_reads = config.num_pointer_units + config.num_mode2_heads + (self.content_reader is not None)
         self.controller = Controller(
+            config,
             read_size=num_reads * memory_dim,
             decoder_input_size=decoder_input_size,
             memory_dim=memory_dim,
-            hidden_size=controller_hidden_size,
-            mlp_hidden_size=mlp_hidden_size,
             output_size=output_size,
-            init=controller_init,
         )
 
     @property

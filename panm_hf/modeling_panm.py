@@ -47,12 +47,21 @@ _CONFIG_LOCATION_KWARGS = (
 
 
 class PanmPreTrainedModel(PreTrainedModel):
+    """What every PANM adapter shares: loading and wrapping a backbone, embeddings, weight init.
+
+    An adapter's `__init__(config, backbone=None)` sets `self.backbone` (built from
+    `config.text_config` when None) and `self.panm`; it overrides `_load_backbone` (which Auto
+    class loads a folder) and, when a loaded model is more than the backbone, `_wrap`.
+    """
+
     config_class = PanmConfig
     base_model_prefix = "backbone"
     supports_gradient_checkpointing = True
     _supports_sdpa = True
     _supports_flash_attn = True
     _supports_attention_backend = True
+    # The loss is already averaged over tokens: Trainer must not pass num_items_in_batch and rescale it.
+    accepts_loss_kwargs = False
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
@@ -117,9 +126,71 @@ class PanmPreTrainedModel(PreTrainedModel):
             return
         if hasattr(module, "reset_parameters") and not isinstance(module, PreTrainedModel):
             module.reset_parameters()
-        if module is getattr(self, "_zero_init_module", lambda: None)():
+        if module is self._zero_init_module():
             nn.init.zeros_(module.weight)
             nn.init.zeros_(module.bias)
+
+    def _zero_init_module(self) -> nn.Module | None:
+        """A linear layer `_init_weights` zeroes so that PANM starts as a no-op (None: none)."""
+        return None
+
+    @classmethod
+    def _load_backbone(cls, path: str | os.PathLike, **kwargs) -> PreTrainedModel:
+        """Load the backbone from a local folder or Hub id (`kwargs` go to `from_pretrained`)."""
+        raise NotImplementedError(f"{cls.__name__} cannot load a backbone from {path!r}; pass a loaded model.")
+
+    @classmethod
+    def _wrap(cls, backbone: PreTrainedModel, config: PanmConfig) -> PanmPreTrainedModel:
+        """Build the model around a loaded backbone (an adapter may take parts of it, e.g. a span head)."""
+        return cls(config, backbone=backbone)
+
+    @classmethod
+    def from_backbone(
+        cls,
+        backbone: PreTrainedModel | str | os.PathLike,
+        *,
+        backbone_kwargs: dict | None = None,
+        **panm_kwargs,
+    ) -> PanmPreTrainedModel:
+        """Wrap a pretrained backbone with a freshly initialised PANM.
+
+        Args:
+            backbone: a loaded model, or a local folder / Hub id (loaded by `_load_backbone`).
+            backbone_kwargs: extra arguments for that `from_pretrained` call (`dtype`, `revision`, ...).
+            **panm_kwargs: `PanmConfig` fields (`address_bits`, `placement`, `scoring`, ...).
+
+        The backbone's weights are kept as loaded; only PANM's are initialised. The model is
+        moved to the backbone's device.
+        """
+        path = backbone if isinstance(backbone, (str, os.PathLike)) else None
+        if path is not None:
+            backbone = cls._load_backbone(path, **(backbone_kwargs or {}))
+        if not isinstance(backbone, PreTrainedModel):
+            raise TypeError(
+                f"backbone must be a transformers PreTrainedModel or a path; got {type(backbone).__name__}."
+            )
+        config = cls.config_class(text_config=backbone.config.to_dict(), **panm_kwargs)
+        model = cls._wrap(backbone, config)
+        model._take_name_or_path(backbone, path)
+        return model.to(backbone.device)
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.backbone.get_input_embeddings()
+
+    def set_input_embeddings(self, value: nn.Module) -> None:
+        self.backbone.set_input_embeddings(value)
+
+    def get_output_embeddings(self) -> nn.Module | None:
+        return self.backbone.get_output_embeddings()
+
+    def set_output_embeddings(self, value: nn.Module) -> None:
+        self.backbone.set_output_embeddings(value)
+
+    @staticmethod
+    def _output_flags(output_attentions: bool | None, output_hidden_states: bool | None) -> dict:
+        """The backbone's `output_attentions` / `output_hidden_states`, passed only when set."""
+        flags = {"output_attentions": output_attentions, "output_hidden_states": output_hidden_states}
+        return {name: True for name, value in flags.items() if value}
 
 
 class PanmForSeq2SeqLM(PanmPreTrainedModel, GenerationMixin):
@@ -131,8 +202,6 @@ class PanmForSeq2SeqLM(PanmPreTrainedModel, GenerationMixin):
         backbone: an already built backbone (used by `from_backbone`); built from
             `config.text_config` when None.
     """
-
-    accepts_loss_kwargs = False
 
     def __init__(self, config: PanmConfig, backbone: PreTrainedModel | None = None):
         super().__init__(config)
@@ -152,10 +221,10 @@ class PanmForSeq2SeqLM(PanmPreTrainedModel, GenerationMixin):
         self.backbone = backbone
         decoder_dim = get_path(config.text_config, self.parts.decoder_dim)
         self.panm = PanmMemory(
+            config,
             memory_dim=get_path(config.text_config, self.parts.memory_dim),
             decoder_input_size=decoder_dim,
             output_size=decoder_dim,
-            **config.panm_kwargs(),
         )
         # placement="residual": the Controller's output joins z_t as a post-LN Transformer sublayer.
         self.output_norm = nn.LayerNorm(decoder_dim) if config.placement == "residual" else None
@@ -167,50 +236,15 @@ class PanmForSeq2SeqLM(PanmPreTrainedModel, GenerationMixin):
 
     # -- HF plumbing ---------------------------------------------------------------------------
     @classmethod
-    def from_backbone(
-        cls,
-        backbone: PreTrainedModel | str | os.PathLike,
-        *,
-        backbone_kwargs: dict | None = None,
-        **panm_kwargs,
-    ) -> PanmForSeq2SeqLM:
-        """Wrap a pretrained encoder-decoder with a freshly initialised PANM.
-
-        Args:
-            backbone: a loaded seq2seq model, or a local folder / Hub id for
-                `AutoModelForSeq2SeqLM.from_pretrained`.
-            backbone_kwargs: extra arguments for that `from_pretrained` call (`dtype`, `revision`, ...).
-            **panm_kwargs: `PanmConfig` fields (`address_bits`, `placement`, `scoring`, ...).
-
-        The backbone's weights are kept as loaded (and shared with `backbone` when a model is
-        passed); only PANM's are initialised. With `placement="replace"` the wrapper leaves out
-        the backbone's last decoder layer; the model passed in keeps all of its layers.
-        """
-        path = backbone if isinstance(backbone, (str, os.PathLike)) else None
-        if path is not None:
-            backbone = AutoModelForSeq2SeqLM.from_pretrained(path, **(backbone_kwargs or {}))
-        config = PanmConfig(text_config=backbone.config.to_dict(), **panm_kwargs)
-        model = cls(config, backbone=backbone)
-        model._take_name_or_path(backbone, path)
-        return model.to(backbone.device)
+    def _load_backbone(cls, path: str | os.PathLike, **kwargs) -> PreTrainedModel:
+        """An encoder-decoder (`AutoModelForSeq2SeqLM`); `placement="replace"` drops its last decoder layer."""
+        return AutoModelForSeq2SeqLM.from_pretrained(path, **kwargs)
 
     def get_encoder(self, modality: str | None = None):
         return get_path(self.backbone, self.parts.encoder)
 
     def get_decoder(self):
         return get_path(self.backbone, self.parts.decoder)
-
-    def get_input_embeddings(self) -> nn.Module:
-        return self.backbone.get_input_embeddings()
-
-    def set_input_embeddings(self, value: nn.Module) -> None:
-        self.backbone.set_input_embeddings(value)
-
-    def get_output_embeddings(self) -> nn.Module:
-        return self.backbone.get_output_embeddings()
-
-    def set_output_embeddings(self, value: nn.Module) -> None:
-        self.backbone.set_output_embeddings(value)
 
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         return self.backbone.prepare_decoder_input_ids_from_labels(labels=labels)
@@ -263,11 +297,7 @@ class PanmForSeq2SeqLM(PanmPreTrainedModel, GenerationMixin):
             if decoder_input_ids is None and decoder_inputs_embeds is None:
                 decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
         use_cache = use_cache if use_cache is not None else getattr(self.config.text_config, "use_cache", True)
-        extra = {}
-        if output_attentions:
-            extra["output_attentions"] = True
-        if output_hidden_states:
-            extra["output_hidden_states"] = True
+        extra = self._output_flags(output_attentions, output_hidden_states)
 
         if encoder_outputs is None:
             encoder_outputs = self.get_encoder()(

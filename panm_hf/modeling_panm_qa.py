@@ -74,8 +74,6 @@ class BertWithPanmForQuestionAnswering(PanmPreTrainedModel):
             `config.text_config` when None.
     """
 
-    accepts_loss_kwargs = False
-
     def __init__(self, config: PanmConfig, backbone: PreTrainedModel | None = None):
         super().__init__(config)
         text_config = config.text_config
@@ -89,9 +87,7 @@ class BertWithPanmForQuestionAnswering(PanmPreTrainedModel):
         self.backbone = backbone
         hidden_size = text_config.hidden_size
         self.qa_outputs = nn.Linear(hidden_size, 2)
-        self.panm = PanmMemory(
-            memory_dim=hidden_size, decoder_input_size=0, output_size=hidden_size, **config.panm_kwargs()
-        )
+        self.panm = PanmMemory(config, memory_dim=hidden_size, decoder_input_size=0, output_size=hidden_size)
         self.post_init()
 
     def _zero_init_module(self) -> nn.Module | None:
@@ -108,34 +104,21 @@ class BertWithPanmForQuestionAnswering(PanmPreTrainedModel):
         super()._init_weights(module)
 
     @classmethod
-    def from_backbone(
-        cls,
-        backbone: PreTrainedModel | str | os.PathLike,
-        *,
-        backbone_kwargs: dict | None = None,
-        **panm_kwargs,
-    ) -> BertWithPanmForQuestionAnswering:
-        """Wrap a pretrained encoder (or a fine-tuned `...ForQuestionAnswering` model) with a fresh PANM.
+    def _load_backbone(cls, path: str | os.PathLike, **kwargs) -> PreTrainedModel:
+        """A folder whose `architectures` names a `...ForQuestionAnswering` class is loaded with
+        `AutoModelForQuestionAnswering` (its span head is kept, see `_wrap`); any other with `AutoModel`."""
+        loaded_config = AutoConfig.from_pretrained(path, **kwargs)
+        if _is_qa_checkpoint(loaded_config):
+            return AutoModelForQuestionAnswering.from_pretrained(path, **kwargs)
+        return AutoModel.from_pretrained(path, **{**_encoder_kwargs(loaded_config), **kwargs})
 
-        Args:
-            backbone: a loaded encoder (`BertModel`, ...) or QA model (`BertForQuestionAnswering`, ...),
-                or a local folder / Hub id. A folder whose `architectures` names a
-                `...ForQuestionAnswering` class is loaded with `AutoModelForQuestionAnswering`, and
-                its span head `qa_outputs` is kept too; any other folder with `AutoModel`.
-            backbone_kwargs: extra arguments for that `from_pretrained` call (`dtype`, `revision`, ...).
-            **panm_kwargs: `PanmConfig` fields (`address_bits`, `pointer_hidden_size`, ...).
+    @classmethod
+    def _wrap(cls, backbone: PreTrainedModel, config: PanmConfig) -> BertWithPanmForQuestionAnswering:
+        """Wrap an encoder (`BertModel`, ...) or a QA model (`BertForQuestionAnswering`, ...).
 
-        The loaded weights are kept as they are; only PANM's (and, for a plain encoder,
-        `qa_outputs`) are initialised, so a wrapped QA checkpoint starts with its own logits.
+        A QA model's encoder becomes the backbone and its span head `qa_outputs` is kept, so a
+        wrapped QA checkpoint starts with its own logits; for a plain encoder `qa_outputs` is fresh.
         """
-        path = backbone if isinstance(backbone, (str, os.PathLike)) else None
-        if path is not None:
-            kwargs = dict(backbone_kwargs or {})
-            loaded_config = AutoConfig.from_pretrained(path, **kwargs)
-            if _is_qa_checkpoint(loaded_config):
-                backbone = AutoModelForQuestionAnswering.from_pretrained(path, **kwargs)
-            else:
-                backbone = AutoModel.from_pretrained(path, **{**_encoder_kwargs(loaded_config), **kwargs})
         span_head = getattr(backbone, "qa_outputs", None)
         encoder = getattr(backbone, backbone.base_model_prefix) if span_head is not None else backbone
         if span_head is not None and not (isinstance(span_head, nn.Linear) and span_head.out_features == 2):
@@ -143,18 +126,10 @@ class BertWithPanmForQuestionAnswering(PanmPreTrainedModel):
                 f"backbone.qa_outputs must be a Linear(hidden, 2) span head; got {span_head!r}. "
                 "Pass the encoder alone to start from a fresh span head."
             )
-        config = PanmConfig(text_config=encoder.config.to_dict(), **panm_kwargs)
         model = cls(config, backbone=encoder)
         if span_head is not None:
             model.qa_outputs.load_state_dict(span_head.state_dict())
-        model._take_name_or_path(backbone, path)
-        return model.to(encoder.device)
-
-    def get_input_embeddings(self) -> nn.Module:
-        return self.backbone.get_input_embeddings()
-
-    def set_input_embeddings(self, value: nn.Module) -> None:
-        self.backbone.set_input_embeddings(value)
+        return model
 
     def pointer_logits(
         self, memory_states: torch.Tensor, attention_mask: torch.Tensor, base_address: torch.Tensor | None = None
@@ -202,11 +177,9 @@ class BertWithPanmForQuestionAnswering(PanmPreTrainedModel):
             encoder_inputs["token_type_ids"] = token_type_ids
         if position_ids is not None:
             encoder_inputs["position_ids"] = position_ids
-        if output_attentions:
-            encoder_inputs["output_attentions"] = True
-        if output_hidden_states:
-            encoder_inputs["output_hidden_states"] = True
-        encoder_outputs = self.backbone(**encoder_inputs, return_dict=True)
+        encoder_outputs = self.backbone(
+            **encoder_inputs, **self._output_flags(output_attentions, output_hidden_states), return_dict=True
+        )
         memory_states = encoder_outputs.last_hidden_state  # (batch, slots, hidden) = M
         if attention_mask is None:
             mask = torch.ones(memory_states.shape[:2], dtype=torch.bool, device=memory_states.device)

@@ -1,4 +1,4 @@
-"""Content-free pointer arithmetic (beyond the paper: `PanmConfig.pointer_update="shift"`).
+"""Content-free pointer arithmetic (beyond the paper: `PanmMemoryConfig.pointer_update="shift"`).
 
 The paper's Pointer Unit moves a pointer only by attending over the address bank
 (Eq. 2). With binary codes the unit's score profile over all ``2^b`` addresses
@@ -25,8 +25,6 @@ from __future__ import annotations
 
 import torch
 from torch.nn import functional as F
-
-POINTER_UPDATES = ("attention", "shift")
 
 
 def shift_candidates(weights: torch.Tensor, reach: int) -> torch.Tensor:

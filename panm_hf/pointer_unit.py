@@ -17,7 +17,8 @@ from torch import nn
 from torch.nn import functional as F
 
 from .attention import AttentionScorer
-from .pointer_arithmetic import POINTER_UPDATES, sharpen, shift_candidates
+from .memory_config import PanmMemoryConfig
+from .pointer_arithmetic import sharpen, shift_candidates
 
 
 class GroupedLinear(nn.Module):
@@ -97,49 +98,31 @@ class PointerUnits(nn.Module):
     """`H^a` Pointer Units sharing one grouped recurrence.
 
     Args:
-        num_pointer_units: `H^a`.
-        address_bits: `b`, the size of a pointer.
-        hidden_size: size of each Pointer Unit GRU (paper: 256).
-        mlp_hidden_size: hidden width of the address MLP `g^a` (paper: 128).
-        scoring: `"dot"` or `"cosine"` (see `panm_hf.attention`).
-        cosine_inverse_temperature: initial inverse temperature for `"cosine"`.
-        pointer_update: `"attention"` (the paper's Eq. 2) or `"shift"` (the paper's attention as one of
-            the moves beside content-free steps, see `panm_hf.pointer_arithmetic`).
-        shift_range: `K`, the largest step of `"shift"` (steps `-K..K`).
+        config: the PANM hyperparameters; reads `num_pointer_units` (`H^a`), `address_bits` (`b`, the
+            size of a pointer), `pointer_hidden_size` (each GRU), `mlp_hidden_size` (the address MLP
+            `g^a`), the scoring (`panm_hf.attention`), and `pointer_update`: `"attention"` (the paper's
+            Eq. 2) or `"shift"` (the paper's attention as one of the moves beside content-free steps
+            `-K..K`, `K = shift_range`; see `panm_hf.pointer_arithmetic`).
     """
 
-    def __init__(
-        self,
-        *,
-        num_pointer_units: int,
-        address_bits: int,
-        hidden_size: int,
-        mlp_hidden_size: int,
-        scoring: str,
-        cosine_inverse_temperature: float = 15.0,
-        pointer_update: str = "attention",
-        shift_range: int = 1,
-    ):
+    def __init__(self, config: PanmMemoryConfig):
         super().__init__()
-        if pointer_update not in POINTER_UPDATES:
-            raise ValueError(f"pointer_update={pointer_update!r} is not supported; choose one of {POINTER_UPDATES}.")
-        self.num_pointer_units = num_pointer_units
+        units, hidden_size = config.num_pointer_units, config.pointer_hidden_size
+        self.num_pointer_units = units
         self.hidden_size = hidden_size
-        self.pointer_update = pointer_update
-        self.shift_range = shift_range
-        self.cell = GroupedGRUCell(num_pointer_units, address_bits, hidden_size)
+        self.pointer_update = config.pointer_update
+        self.shift_range = config.shift_range
+        self.cell = GroupedGRUCell(units, config.address_bits, hidden_size)
         # g^a: one MLP per unit mapping an address code into that unit's key space.
         self.address_mlp = nn.Sequential(
-            GroupedLinear(num_pointer_units, address_bits, mlp_hidden_size),
+            GroupedLinear(units, config.address_bits, config.mlp_hidden_size),
             nn.ReLU(),
-            GroupedLinear(num_pointer_units, mlp_hidden_size, hidden_size),
+            GroupedLinear(units, config.mlp_hidden_size, hidden_size),
         )
-        self.scorer = AttentionScorer(
-            scoring=scoring, dim=hidden_size, cosine_inverse_temperature=cosine_inverse_temperature
-        )
+        self.scorer = AttentionScorer(config, dim=hidden_size)
         # "shift": per unit, logits of the 2K + 1 steps, the gate g_t and the sharpening gamma_t.
         self.arithmetic_head = (
-            ArithmeticHead(num_pointer_units, hidden_size, shift_range) if pointer_update == "shift" else None
+            ArithmeticHead(units, hidden_size, self.shift_range) if self.pointer_update == "shift" else None
         )
         self._compiled_step = None
 

@@ -13,8 +13,7 @@ from einops import rearrange
 from torch import nn
 
 from .attention import AttentionScorer, masked_softmax
-
-CONTENT_READS = ("none", "decoder")
+from .memory_config import PanmMemoryConfig
 
 
 def mode1_read(address_weights: torch.Tensor, memory_states: torch.Tensor) -> torch.Tensor:
@@ -26,34 +25,20 @@ class Mode2Reader(nn.Module):
     """`H^c` content attention heads over `M`, queried by the Mode-1 values.
 
     Args:
+        config: the PANM hyperparameters; reads `num_pointer_units` (`H^a`: the query MLP reads all
+            Mode-1 values), `num_mode2_heads` (`H^c`), `mlp_hidden_size` (width of `g^c`) and the scoring.
         memory_dim: size of a memory slot `d_m`.
-        num_pointer_units: `H^a` (the query MLP reads all Mode-1 values).
-        num_heads: `H^c`.
-        mlp_hidden_size: hidden width of `g^c`.
-        scoring: `"dot"` or `"cosine"`.
-        cosine_inverse_temperature: initial inverse temperature for `"cosine"`.
     """
 
-    def __init__(
-        self,
-        *,
-        memory_dim: int,
-        num_pointer_units: int,
-        num_heads: int,
-        mlp_hidden_size: int,
-        scoring: str,
-        cosine_inverse_temperature: float = 15.0,
-    ):
+    def __init__(self, config: PanmMemoryConfig, *, memory_dim: int):
         super().__init__()
-        self.num_heads = num_heads
+        self.num_heads = config.num_mode2_heads
         self.query_mlp = nn.Sequential(
-            nn.Linear(num_pointer_units * memory_dim, mlp_hidden_size),
+            nn.Linear(config.num_pointer_units * memory_dim, config.mlp_hidden_size),
             nn.ReLU(),
-            nn.Linear(mlp_hidden_size, num_heads * memory_dim),
+            nn.Linear(config.mlp_hidden_size, self.num_heads * memory_dim),
         )
-        self.scorer = AttentionScorer(
-            scoring=scoring, dim=memory_dim, cosine_inverse_temperature=cosine_inverse_temperature
-        )
+        self.scorer = AttentionScorer(config, dim=memory_dim)
 
     def forward(
         self, mode1_values: torch.Tensor, memory_states: torch.Tensor, attention_mask: torch.Tensor
@@ -89,18 +74,15 @@ class DecoderContentReader(nn.Module):
     sequence still runs in one pass. The Pointer Units still see no content (principle II).
 
     Args:
+        config: the PANM hyperparameters (the scoring).
         memory_dim: size of a memory slot `d_m`.
         decoder_input_size: size of `z_t`.
-        scoring: `"dot"` or `"cosine"`.
-        cosine_inverse_temperature: initial inverse temperature for `"cosine"`.
     """
 
-    def __init__(self, *, memory_dim: int, decoder_input_size: int, scoring: str, cosine_inverse_temperature: float):
+    def __init__(self, config: PanmMemoryConfig, *, memory_dim: int, decoder_input_size: int):
         super().__init__()
         self.query = nn.Linear(decoder_input_size, memory_dim)
-        self.scorer = AttentionScorer(
-            scoring=scoring, dim=memory_dim, cosine_inverse_temperature=cosine_inverse_temperature
-        )
+        self.scorer = AttentionScorer(config, dim=memory_dim)
 
     def forward(
         self, decoder_states: torch.Tensor, memory_states: torch.Tensor, attention_mask: torch.Tensor

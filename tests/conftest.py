@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 from transformers import (
@@ -12,6 +15,9 @@ from transformers import (
     MBartConfig,
     T5Config,
 )
+
+# The algorithmic suite lives in research/ beside the package (not installed): tests import it from the root.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 VOCAB = 99
 TINY_PANM = {"address_bits": 6, "pointer_hidden_size": 12, "controller_hidden_size": 12, "mlp_hidden_size": 10}
@@ -82,14 +88,19 @@ def backbone_config(request):
 
 
 def tiny_memory(**kwargs):
-    """A tiny `PanmMemory` in eval mode, seeded: memory 8, decoder input 6, output 5, b = 5."""
-    from panm_hf.memory import PanmMemory
+    """A tiny `PanmMemory` in eval mode, seeded: memory 8, decoder input 6, output 5, b = 5.
 
-    defaults = dict(memory_dim=8, decoder_input_size=6, output_size=5, address_bits=5,
-                    pointer_hidden_size=12, controller_hidden_size=12, mlp_hidden_size=10)  # fmt: skip
-    defaults.update(kwargs)
+    `kwargs` override the sizes (`memory_dim`, `decoder_input_size`, `output_size`) or `PanmMemoryConfig` fields.
+    """
+    from panm_hf.memory import PanmMemory
+    from panm_hf.memory_config import PanmMemoryConfig
+
+    sizes = {name: kwargs.pop(name, default) for name, default in
+             (("memory_dim", 8), ("decoder_input_size", 6), ("output_size", 5))}  # fmt: skip
+    config = PanmMemoryConfig(**{"address_bits": 5, "pointer_hidden_size": 12, "controller_hidden_size": 12,
+                                 "mlp_hidden_size": 10, **kwargs})  # fmt: skip
     torch.manual_seed(0)
-    return PanmMemory(**defaults).eval()
+    return PanmMemory(config, **sizes).eval()
 
 
 def make_inputs(batch_size: int = 2, src_len: int = 7, tgt_len: int = 5, seed: int = 0):

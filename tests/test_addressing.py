@@ -1,8 +1,8 @@
 import pytest
 import torch
+from conftest import tiny_memory
 
 from panm_hf.addressing import binary_codes, build_address_bank, sample_base_address, slot_addresses
-from panm_hf.memory import PanmMemory
 
 
 def test_binary_codes_msb_first():
@@ -37,10 +37,7 @@ def test_base_address_sampling_is_reproducible_and_uniform():
 
 
 def _tiny_memory(**kwargs):
-    defaults = dict(memory_dim=8, decoder_input_size=0, output_size=5, address_bits=5,
-                    pointer_hidden_size=12, controller_hidden_size=12, mlp_hidden_size=10)
-    defaults.update(kwargs)
-    return PanmMemory(**defaults)
+    return tiny_memory(decoder_input_size=0, **kwargs)
 
 
 def test_bind_uses_random_base_in_training_and_zero_in_eval():

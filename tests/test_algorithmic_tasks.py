@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from panm_hf.tasks import (
+from research import (
     END_FEATURE,
     EXTRA_FEATURE,
     NUM_TOKENS,

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from panm_hf.tasks import make_batch, task_spec
-from panm_hf.tasks.diagnostics import _profile_correlation, address_score_periodicity
-from panm_hf.tasks.harness import RunResult, evaluate, load_results, sequence_loss, summarize, token_counts
-from panm_hf.tasks.models import MODEL_NAMES, build_model
+from research import make_batch, task_spec
+from research.diagnostics import _profile_correlation, address_score_periodicity
+from research.harness import RunResult, evaluate, load_results, sequence_loss, summarize, token_counts
+from research.models import MODEL_NAMES, build_model
 
 TINY = {
     "panm": dict(memory_dim=16, pointer_hidden_size=16, controller_hidden_size=32, mlp_hidden_size=16),
@@ -181,7 +181,7 @@ def test_demo_rejects_non_positive_extra_lengths_before_training():
 
 
 def test_monitoring_longer_lengths_never_changes_training_or_selection():
-    from panm_hf.tasks.harness import TrainConfig, train_and_evaluate
+    from research.harness import TrainConfig, train_and_evaluate
 
     base = dict(task="copy", model="panm", steps=6, batch_size=8, eval_every=2, eval_samples=8, eval_batch_size=8,
                 model_kwargs={"pointer_hidden_size": 16, "controller_hidden_size": 16, "mlp_hidden_size": 16})
@@ -216,9 +216,9 @@ def test_demo_monitor_flag_writes_curves(tmp_path):
 
 
 def test_evaluate_with_loss_is_cross_entropy_per_real_token():
-    from panm_hf.tasks import make_batch
-    from panm_hf.tasks.harness import evaluate_with_loss
-    from panm_hf.tasks.models import AlgorithmicModelOutput
+    from research import make_batch
+    from research.harness import evaluate_with_loss
+    from research.models import AlgorithmicModelOutput
 
     class Uniform(torch.nn.Module):
         def forward(self, inputs, attention_mask, num_steps, **_):
@@ -232,7 +232,7 @@ def test_evaluate_with_loss_is_cross_entropy_per_real_token():
 
 
 def test_history_records_the_validation_loss_of_the_selected_checkpoint():
-    from panm_hf.tasks.harness import TrainConfig, train_and_evaluate
+    from research.harness import TrainConfig, train_and_evaluate
 
     config = TrainConfig(task="copy", model="panm", steps=6, batch_size=8, eval_every=2, eval_samples=8,
                          eval_batch_size=8,

@@ -11,7 +11,7 @@ from conftest import BACKBONES, TINY_PANM, VOCAB, make_inputs
 from transformers import AutoConfig, AutoModelForSeq2SeqLM, BertConfig
 
 import panm_hf  # noqa: F401  (registers the Auto classes)
-from panm_hf import PanmConfig, PanmForSeq2SeqLM
+from panm_hf import PanmConfig, PanmForSeq2SeqLM, PanmPreTrainedModel
 from panm_hf.backbones import get_path
 
 
@@ -46,6 +46,25 @@ def test_stack_wrapper_starts_as_exactly_the_backbone(name, options):
     # wrapping never re-initialises the backbone
     for key, value in model.backbone.state_dict().items():
         assert torch.equal(value, backbone_state[key]), key
+
+
+def test_from_backbone_loads_a_folder_with_the_adapters_loader(tmp_path):
+    torch.manual_seed(0)
+    backbone = AutoModelForSeq2SeqLM.from_config(BACKBONES["bart"]()).eval()
+    backbone.save_pretrained(tmp_path)
+    model = PanmForSeq2SeqLM.from_backbone(str(tmp_path), **TINY_PANM).eval()
+    assert model.config.address_bits == TINY_PANM["address_bits"] and model.config.text_config.model_type == "bart"
+    input_ids, labels = make_inputs()
+    with torch.no_grad():
+        assert torch.equal(model(input_ids=input_ids, labels=labels).logits,
+                           backbone(input_ids=input_ids, labels=labels).logits)
+    assert model.get_input_embeddings() is model.backbone.get_input_embeddings()
+    assert model.get_output_embeddings() is model.backbone.get_output_embeddings()
+    # the shared base knows no Auto class: each adapter names its own in _load_backbone
+    with pytest.raises(NotImplementedError, match="PanmPreTrainedModel cannot load a backbone"):
+        PanmPreTrainedModel.from_backbone(str(tmp_path))
+    with pytest.raises(TypeError, match="PreTrainedModel or a path; got dict"):
+        PanmForSeq2SeqLM.from_backbone({"model_type": "bart"})
 
 
 def test_replace_drops_the_last_decoder_layer(backbone_config):

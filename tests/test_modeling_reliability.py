@@ -7,7 +7,7 @@ from safetensors.torch import load_file
 from transformers import AutoModel, AutoModelForSeq2SeqLM, BertConfig, BertForQuestionAnswering, BertModel
 
 import panm_hf  # noqa: F401  (registers the Auto classes)
-from panm_hf import BertWithPanmForQuestionAnswering, PanmConfig, PanmForSeq2SeqLM, PanmMemory
+from panm_hf import BertWithPanmForQuestionAnswering, PanmConfig, PanmForSeq2SeqLM, PanmMemory, PanmMemoryConfig
 from panm_hf.backbones import get_path
 
 NEW_VOCAB = VOCAB + 8
@@ -146,7 +146,12 @@ def test_bad_values_and_bools_are_rejected_naming_the_field(kwargs, field):
     with pytest.raises(ValueError, match=field):
         PanmConfig(text_config=BACKBONES["bart"](), **kwargs)
     with pytest.raises(ValueError, match=field):
-        PanmMemory(memory_dim=8, decoder_input_size=6, output_size=5, **kwargs)
+        PanmMemoryConfig(**kwargs)
+    config = PanmMemoryConfig()
+    for name, value in kwargs.items():  # edited after it was built: PanmMemory checks again
+        setattr(config, name, value)
+    with pytest.raises(ValueError, match=field):
+        PanmMemory(config, memory_dim=8, decoder_input_size=6, output_size=5)
 
 
 @pytest.mark.parametrize("field", ["pointer_hidden_size", "controller_hidden_size", "mlp_hidden_size"])
@@ -157,7 +162,8 @@ def test_bool_sizes_are_rejected_naming_the_field(field):
 
 def test_valid_inverse_temperatures_are_kept():
     assert PanmConfig(text_config=BACKBONES["bart"](), cosine_inverse_temperature=3).cosine_inverse_temperature == 3
-    memory = PanmMemory(memory_dim=8, decoder_input_size=6, output_size=5, cosine_inverse_temperature=0.5)
+    config = PanmMemoryConfig(cosine_inverse_temperature=0.5)
+    memory = PanmMemory(config, memory_dim=8, decoder_input_size=6, output_size=5)
     scales = [p for name, p in memory.named_parameters() if "temperature" in name]
     assert scales and all(torch.allclose(p, torch.full_like(p, 0.5)) for p in scales)
 

@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import torch
 
-from panm_hf.tasks import task_spec
-from panm_hf.tasks.harness import TrainConfig, fixed_eval_batches, train_and_evaluate
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the research/ package beside panm_hf
+from research import task_spec  # noqa: E402
+from research.harness import TrainConfig, fixed_eval_batches, train_and_evaluate  # noqa: E402
 
 VARIANTS = {
     "dot": {"scoring": "dot", "controller_init": "mean"},

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
-from panm_hf.tasks.harness import load_results, write_results
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the research/ package beside panm_hf
+from research.harness import load_results, write_results  # noqa: E402
 
 
 def main() -> None:

@@ -23,10 +23,13 @@ from pathlib import Path
 
 import torch
 
-from panm_hf.tasks import TASKS, make_batch, task_spec
-from panm_hf.tasks.diagnostics import address_score_periodicity
-from panm_hf.tasks.harness import TrainConfig, markdown_table, train_and_evaluate, write_results
-from panm_hf.tasks.models import MODEL_NAMES, PANM_VARIANTS
+from panm_hf.memory_config import CONTROLLER_INITS, SCORINGS
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the research/ package beside panm_hf
+from research import TASKS, make_batch, task_spec  # noqa: E402
+from research.diagnostics import address_score_periodicity  # noqa: E402
+from research.harness import TrainConfig, markdown_table, train_and_evaluate, write_results  # noqa: E402
+from research.models import MODEL_NAMES, PANM_VARIANTS  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -42,10 +45,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--eval-every", type=int, default=50, help="steps between validations at L+1")
     parser.add_argument("--eval-samples", type=int, default=256, help="samples per validation/test length")
     parser.add_argument(
-        "--scoring", choices=("dot", "cosine"), default=None, help="PANM scoring (suite default: cosine x 15)"
+        "--scoring", choices=SCORINGS, default=None, help="PANM scoring (suite default: cosine x 15)"
     )
     parser.add_argument("--cosine-inverse-temperature", type=float, default=None)
-    parser.add_argument("--controller-init", choices=("mean", "sum"), default=None)
+    parser.add_argument("--controller-init", choices=CONTROLLER_INITS, default=None)
     parser.add_argument(
         "--extra-lengths",
         type=int,

@@ -35,8 +35,10 @@ from transformers import (
     set_seed,
 )
 
+from panm_hf import PanmMemoryConfig
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "translation"))
-from run_translation import MODELS, backbone_config, build_model, validate_model_args  # noqa: E402
+from run_translation import MODELS, apply_smoke, backbone_config, build_model, validate_model_args  # noqa: E402
 from run_translation import ModelArguments as TranslationModelArguments  # noqa: E402
 
 MODULES = ("add_or_sub", "place_value")
@@ -68,21 +70,12 @@ class DataArguments:
 
 
 SMOKE_OVERRIDES = {
-    "model": {"d_model": 32, "ffn_dim": 64, "attention_heads": 2, "num_layers": 2,
-              "pointer_hidden_size": 32, "controller_hidden_size": 32, "mlp_hidden_size": 32},
+    "model": {"d_model": 32, "ffn_dim": 64, "attention_heads": 2, "num_layers": 2},
+    "panm": {"pointer_hidden_size": 32, "controller_hidden_size": 32, "mlp_hidden_size": 32},
     "data": {"max_train_samples": 256, "max_eval_samples": 16},
     "training": {"max_steps": 8, "per_device_train_batch_size": 32, "per_device_eval_batch_size": 16,
                  "learning_rate": 3e-3, "warmup_steps": 0},
 }  # fmt: skip
-
-
-def apply_smoke(model_args: ModelArguments, data_args: DataArguments, training_args: Seq2SeqTrainingArguments):
-    """The smoke budget; flags given explicitly win."""
-    defaults = (ModelArguments(), DataArguments(), Seq2SeqTrainingArguments(output_dir="unused", report_to=[]))
-    for args, default, overrides in zip((model_args, data_args, training_args), defaults, SMOKE_OVERRIDES.values()):
-        for name, value in overrides.items():
-            if getattr(args, name) == getattr(default, name):
-                setattr(args, name, value)
 
 
 def read_pairs(path: Path, limit: int | None = None) -> tuple[list[str], list[str]]:
@@ -139,10 +132,12 @@ def exact_match(predictions: np.ndarray, answers: list[str], tokenizer) -> float
     return 100.0 * float(np.mean([text.strip() == answer for text, answer in zip(texts, answers)]))
 
 
-def run_one(name, model_args, data_args, training_args, tokenizer, config, train_dataset, test_sets) -> dict:
+def run_one(
+    name, model_args, panm_args, data_args, training_args, tokenizer, config, train_dataset, test_sets
+) -> dict:
     """Train one model for the step budget, then score exact match on each test set."""
     set_seed(training_args.seed)  # both models start from the same random stream and see the same batches
-    model = build_model(name, model_args, config)
+    model = build_model(name, model_args, panm_args, config)
     model.generation_config.max_length = data_args.max_target_length
     model.generation_config.num_beams = 1
     args = Seq2SeqTrainingArguments(
@@ -172,10 +167,10 @@ def run_one(name, model_args, data_args, training_args, tokenizer, config, train
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = HfArgumentParser((ModelArguments, DataArguments, Seq2SeqTrainingArguments))
-    model_args, data_args, training_args = parser.parse_args_into_dataclasses(args=argv)
+    parser = HfArgumentParser((ModelArguments, PanmMemoryConfig, DataArguments, Seq2SeqTrainingArguments))
+    model_args, panm_args, data_args, training_args = parser.parse_args_into_dataclasses(args=argv)
     if data_args.smoke:
-        apply_smoke(model_args, data_args, training_args)
+        apply_smoke(SMOKE_OVERRIDES, model_args, panm_args, data_args, training_args)
     if data_args.module not in MODULES:
         raise ValueError(f"--module must be one of {MODULES} (got {data_args.module!r}).")
     validate_model_args(model_args)
@@ -200,7 +195,9 @@ def main(argv: list[str] | None = None) -> dict:
 
     names = MODELS if model_args.model == "both" else (model_args.model,)
     results = {
-        name: run_one(name, model_args, data_args, training_args, tokenizer, config, train_dataset, test_sets)
+        name: run_one(
+            name, model_args, panm_args, data_args, training_args, tokenizer, config, train_dataset, test_sets
+        )
         for name in names
     }
     summary = {
@@ -211,7 +208,7 @@ def main(argv: list[str] | None = None) -> dict:
         "seed": training_args.seed,
         "num_train": len(train_dataset),
         "num_eval": {split: len(answers) for split, (_, answers) in test_sets.items()},
-        "model_args": asdict(model_args),
+        "model_args": {**asdict(model_args), **asdict(panm_args)},
         "device": "cuda" if torch.cuda.is_available() else "cpu",
         "results": results,
     }

@@ -57,6 +57,7 @@ from utils_qa import (  # noqa: E402
     prepare_validation_features,
 )
 
+from panm_hf.memory_config import PanmMemoryConfig  # noqa: E402
 from panm_hf.modeling_panm_qa import BertWithPanmForQuestionAnswering  # noqa: E402
 
 logger = logging.getLogger(__name__)
@@ -65,7 +66,7 @@ MODEL_CHOICES = ("bert", "panm", "both")
 
 @dataclass
 class ModelArguments:
-    """Which models to train and from which checkpoint."""
+    """Which models to train and from which checkpoint; PANM's hyperparameters are `PanmMemoryConfig`'s flags."""
 
     model_name_or_path: str = field(
         metadata={"help": "Encoder or QA checkpoint (folder or Hub id), e.g. bert-base-uncased (the default backbone)."}
@@ -76,21 +77,6 @@ class ModelArguments:
                   "choices": list(MODEL_CHOICES)},
     )
     tokenizer_name: str | None = field(default=None, metadata={"help": "Tokenizer folder if not the model's."})
-    address_bits: int = field(default=10, metadata={"help": "PANM b: windows may have at most 2^b tokens."})
-    num_pointer_units: int = field(default=2, metadata={"help": "PANM H^a."})
-    num_mode2_heads: int = field(default=1, metadata={"help": "PANM H^c."})
-    pointer_hidden_size: int = field(default=256, metadata={"help": "Pointer Unit GRU size."})
-    controller_hidden_size: int = field(default=256, metadata={"help": "Controller GRU size."})
-    mlp_hidden_size: int = field(default=128, metadata={"help": "Width of PANM's MLPs."})
-    pointer_update: str = field(
-        default="attention",
-        metadata={"help": "PANM Pointer Unit: attention (the paper) or shift (beyond the paper: pointer arithmetic)."},
-    )
-
-    def panm_kwargs(self) -> dict:
-        names = ("address_bits", "num_pointer_units", "num_mode2_heads", "pointer_hidden_size",
-                 "controller_hidden_size", "mlp_hidden_size", "pointer_update")
-        return {name: getattr(self, name) for name in names}
 
 
 @dataclass
@@ -142,18 +128,18 @@ def load_question_pool(data_args: DataArguments) -> list[dict]:
     return [dict(row) for split in ("train", "validation") for row in hub[split]]
 
 
-def build_model(name: str, model_args: ModelArguments) -> PreTrainedModel:
+def build_model(name: str, model_args: ModelArguments, panm_args: PanmMemoryConfig) -> PreTrainedModel:
     """The plain QA model, or PANM wrapped around an identically initialised one (call after `set_seed`)."""
     qa_model = AutoModelForQuestionAnswering.from_pretrained(model_args.model_name_or_path)
     if name == "bert":
         return qa_model
-    return BertWithPanmForQuestionAnswering.from_backbone(qa_model, **model_args.panm_kwargs())
+    return BertWithPanmForQuestionAnswering.from_backbone(qa_model, **dataclasses.asdict(panm_args))
 
 
 def main(argv: list[str] | None = None) -> dict:
     """Parse arguments (from `argv` or the command line), train/evaluate, return and write the results."""
-    parser = HfArgumentParser((ModelArguments, DataArguments, TrainingArguments))
-    model_args, data_args, training_args = parser.parse_args_into_dataclasses(args=argv)
+    parser = HfArgumentParser((ModelArguments, PanmMemoryConfig, DataArguments, TrainingArguments))
+    model_args, panm_args, data_args, training_args = parser.parse_args_into_dataclasses(args=argv)
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
     transformers.utils.logging.set_verbosity_warning()
 
@@ -197,12 +183,12 @@ def main(argv: list[str] | None = None) -> dict:
                      "learning_rate": training_args.learning_rate, "num_train_epochs": training_args.num_train_epochs,
                      "max_steps": training_args.max_steps,
                      "per_device_train_batch_size": training_args.per_device_train_batch_size,
-                     "seed": training_args.seed, "panm": model_args.panm_kwargs()},
+                     "seed": training_args.seed, "panm": dataclasses.asdict(panm_args)},
         "models": {},
     }
     for name in names:
         set_seed(training_args.seed)
-        model = build_model(name, model_args)
+        model = build_model(name, model_args, panm_args)
         args = dataclasses.replace(training_args, output_dir=os.path.join(training_args.output_dir, name))
         trainer = QuestionAnsweringTrainer(
             model=model, args=args, train_dataset=train_dataset if args.do_train else None,

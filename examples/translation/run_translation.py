@@ -42,7 +42,7 @@ from transformers import (
     set_seed,
 )
 
-from panm_hf import PanmConfig, PanmForSeq2SeqLM
+from panm_hf import PanmConfig, PanmForSeq2SeqLM, PanmMemoryConfig
 
 MODELS = ("transformer", "panm")
 BACKBONES = ("marian", "bart", "t5")
@@ -50,7 +50,7 @@ BACKBONES = ("marian", "bart", "t5")
 
 @dataclass
 class ModelArguments:
-    """Which models to train and how big they are."""
+    """Which models to train and how big they are; PANM's hyperparameters are `PanmMemoryConfig`'s flags."""
 
     model: str = field(default="both", metadata={"help": "transformer, panm or both (same budget)."})
     backbone: str = field(
@@ -65,18 +65,6 @@ class ModelArguments:
     placement: str = field(
         default="replace", metadata={"help": "PANM placement: replace (paper), residual or stack (see PanmConfig)."}
     )
-    address_bits: int = field(default=10, metadata={"help": "PANM b: sources may have up to 2^b tokens."})
-    pointer_hidden_size: int = field(default=256)
-    controller_hidden_size: int = field(default=256)
-    mlp_hidden_size: int = field(default=128)
-    pointer_update: str = field(
-        default="attention",
-        metadata={"help": "PANM Pointer Unit: attention (the paper) or shift (beyond the paper: pointer arithmetic)."},
-    )
-    content_read: str = field(
-        default="none", metadata={"help": "PANM content read: none (paper) or decoder (attention queried by z_t)."}
-    )
-    panm_dropout: float = field(default=0.0, metadata={"help": "Dropout on PANM's reads and output (paper: 0)."})
     vocab_size: int = field(default=8000, metadata={"help": "Joint BPE vocabulary size of the local tokenizer."})
 
 
@@ -102,18 +90,24 @@ class DataArguments:
 
 
 SMOKE_OVERRIDES = {
-    "model": {"d_model": 32, "ffn_dim": 64, "attention_heads": 2, "num_layers": 2, "vocab_size": 400,
-              "pointer_hidden_size": 32, "controller_hidden_size": 32, "mlp_hidden_size": 32},
+    "model": {"d_model": 32, "ffn_dim": 64, "attention_heads": 2, "num_layers": 2, "vocab_size": 400},
+    "panm": {"pointer_hidden_size": 32, "controller_hidden_size": 32, "mlp_hidden_size": 32},
     "data": {"max_pool_samples": 800, "max_test_samples": 48, "max_source_length": 48, "max_target_length": 48},
     "training": {"num_train_epochs": 2, "per_device_train_batch_size": 32, "per_device_eval_batch_size": 48,
                  "learning_rate": 3e-3, "warmup_steps": 0},
 }  # fmt: skip
 
 
-def apply_smoke(model_args: ModelArguments, data_args: DataArguments, training_args: Seq2SeqTrainingArguments):
-    """The smoke budget: settings that make one run take seconds on a CPU; flags given explicitly win."""
-    defaults = (ModelArguments(), DataArguments(), Seq2SeqTrainingArguments(output_dir="unused", report_to=[]))
-    for args, default, overrides in zip((model_args, data_args, training_args), defaults, SMOKE_OVERRIDES.values()):
+def apply_smoke(smoke_overrides: dict, *parsed_args) -> None:
+    """The smoke budget: settings that make one run take seconds on a CPU; flags given explicitly win.
+
+    `parsed_args` are the parsed dataclasses in the order of `smoke_overrides` (model, panm, data, training).
+    """
+    for args, overrides in zip(parsed_args, smoke_overrides.values()):
+        if isinstance(args, Seq2SeqTrainingArguments):
+            default = Seq2SeqTrainingArguments(output_dir="unused", report_to=[])
+        else:
+            default = type(args)()
         for name, value in overrides.items():
             if getattr(args, name) == getattr(default, name):
                 setattr(args, name, value)
@@ -169,7 +163,7 @@ def backbone_config(model_args: ModelArguments, tokenizer, max_positions: int):
     return BartConfig(decoder_start_token_id=tokenizer.eos_token_id, forced_eos_token_id=None, **common)
 
 
-def build_model(name: str, model_args: ModelArguments, config) -> PreTrainedModel:
+def build_model(name: str, model_args: ModelArguments, panm_args: PanmMemoryConfig, config) -> PreTrainedModel:
     # Each model gets its own copy: Trainer sets `model.config.use_cache = False` for training, and
     # on a shared config that flag would reach the next model's generation config.
     config = copy.deepcopy(config)
@@ -179,17 +173,7 @@ def build_model(name: str, model_args: ModelArguments, config) -> PreTrainedMode
         # (already token-averaged) loss; PanmForSeq2SeqLM opts out, and so does the baseline.
         model.accepts_loss_kwargs = False
         return model
-    panm_config = PanmConfig(
-        text_config=config.to_dict(),
-        placement=model_args.placement,
-        address_bits=model_args.address_bits,
-        pointer_hidden_size=model_args.pointer_hidden_size,
-        controller_hidden_size=model_args.controller_hidden_size,
-        mlp_hidden_size=model_args.mlp_hidden_size,
-        pointer_update=model_args.pointer_update,
-        content_read=model_args.content_read,
-        panm_dropout=model_args.panm_dropout,
-    )
+    panm_config = PanmConfig(text_config=config.to_dict(), placement=model_args.placement, **asdict(panm_args))
     return PanmForSeq2SeqLM(panm_config)
 
 
@@ -225,6 +209,7 @@ def gather_checksums(model: torch.nn.Module) -> list[list[float]]:
 def run_one(
     name: str,
     model_args: ModelArguments,
+    panm_args: PanmMemoryConfig,
     data_args: DataArguments,
     training_args: Seq2SeqTrainingArguments,
     tokenizer,
@@ -235,7 +220,7 @@ def run_one(
 ) -> dict:
     """Train one model, evaluate test perplexity every epoch, then translate the test set for BLEU."""
     set_seed(training_args.seed)  # both models start from the same random stream
-    model = build_model(name, model_args, config)
+    model = build_model(name, model_args, panm_args, config)
     num_beams = training_args.generation_num_beams or 1  # beams for the BLEU translations
     max_length = training_args.generation_max_length or data_args.max_target_length
     # Seq2SeqTrainer pads predictions to generation_config.max_length.
@@ -311,13 +296,13 @@ def main(argv: list[str] | None = None) -> dict:
         # `accelerate launch --multi_gpu` on a machine without GPUs: Trainer needs use_cpu to pick
         # gloo DDP over CPU processes; without it every process silently trains alone.
         os.environ["ACCELERATE_USE_CPU"] = "true"
-    parser = HfArgumentParser((ModelArguments, DataArguments, Seq2SeqTrainingArguments))
+    parser = HfArgumentParser((ModelArguments, PanmMemoryConfig, DataArguments, Seq2SeqTrainingArguments))
     if argv is None and len(sys.argv) == 2 and sys.argv[1].endswith(".json"):
-        model_args, data_args, training_args = parser.parse_json_file(os.path.abspath(sys.argv[1]))
+        model_args, panm_args, data_args, training_args = parser.parse_json_file(os.path.abspath(sys.argv[1]))
     else:
-        model_args, data_args, training_args = parser.parse_args_into_dataclasses(args=argv)
+        model_args, panm_args, data_args, training_args = parser.parse_args_into_dataclasses(args=argv)
     if data_args.smoke:
-        apply_smoke(model_args, data_args, training_args)
+        apply_smoke(SMOKE_OVERRIDES, model_args, panm_args, data_args, training_args)
     validate(model_args, data_args)
     if torch.cuda.is_available() and torch.cuda.is_bf16_supported() and not training_args.fp16:
         training_args.bf16 = True  # bf16 on GPU; CPU runs stay fp32
@@ -345,7 +330,8 @@ def main(argv: list[str] | None = None) -> dict:
     names = MODELS if model_args.model == "both" else (model_args.model,)
     results = {
         name: run_one(
-            name, model_args, data_args, training_args, tokenizer, config, train_dataset, test_dataset, test_pairs
+            name, model_args, panm_args, data_args, training_args, tokenizer, config, train_dataset, test_dataset,
+            test_pairs,
         )
         for name in names
     }
@@ -359,7 +345,7 @@ def main(argv: list[str] | None = None) -> dict:
         "max_train_source_words": max(len(s.split()) for s in train_pairs.sources),
         "min_test_source_words": min(len(s.split()) for s in test_pairs.sources),
         "world_size": training_args.world_size,
-        "model_args": asdict(model_args),
+        "model_args": {**asdict(model_args), **asdict(panm_args)},
         "data_args": asdict(data_args),
         "num_train_epochs": training_args.num_train_epochs,
         "learning_rate": training_args.learning_rate,

@@ -6,7 +6,7 @@ the decoder sees no target token, only a constant (zero) input at every step.
 All share one slot encoder (a linear embedding and an LSTM) so that the only
 difference between them is how the decoder reads the encoder's memory:
 
-* ``panm``:      PANM (`PanmMemory`, the project's memory core) with `z_t = 0`.
+* ``panm``:      PANM (`panm_hf.PanmMemory`, the library's memory core) with `z_t = 0`.
 * ``lstm``:      LSTM seq2seq, the decoder starts from the encoder's final state.
 * ``content``:   Bahdanau (additive, content-based) attention decoder.
 * ``location``:  Luong location-based attention, `a_t = softmax(W_a h_t)` over slot positions.
@@ -15,22 +15,23 @@ difference between them is how the decoder reads the encoder's memory:
   (`PANM_VARIANTS`: content-free pointer arithmetic, training-time distractor addresses).
 
 `build_model(name, feature_dim)` builds one with the suite's default sizes
-(about 1M parameters each; PANM follows the paper: `H^a = 2`, `H^c = 1`,
-256-d GRUs, `b = 10`, cosine scoring with a learnable inverse temperature
-starting at 15, `h^c_0` from the mean of the memory).
+(about 1M parameters each; PANM takes `PanmMemoryConfig`'s defaults, which follow the
+paper: `H^a = 2`, `H^c = 1`, 256-d GRUs, `b = 10`, cosine scoring with a learnable
+inverse temperature starting at 15, `h^c_0` from the mean of the memory).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 from einops import rearrange
 from torch import nn
 
-from ..attention import masked_softmax
-from ..memory import PanmMemory
+from panm_hf import PanmMemory, PanmMemoryConfig
+from panm_hf.attention import masked_softmax
+
 from .algorithmic import NUM_TOKENS
 
 # PANM variants of the suite: the faithful model and each beyond-the-paper option (core flags).
@@ -110,17 +111,23 @@ class PanmSeq2Seq(nn.Module):
 
     Args:
         feature_dim: width of the slot features.
+        config: the PANM hyperparameters; `PanmMemoryConfig()` (the paper's) when None.
         memory_dim: encoder size `d_m` (the memory slots).
         bidirectional: bidirectional encoder.
-        **panm_kwargs: forwarded to `PanmMemory` (`address_bits`, `num_pointer_units`,
-            `num_mode2_heads`, `pointer_hidden_size`, `controller_hidden_size`,
-            `mlp_hidden_size`, `scoring`, `cosine_inverse_temperature`, `controller_init`).
     """
 
-    def __init__(self, feature_dim: int, *, memory_dim: int = 128, bidirectional: bool = True, **panm_kwargs):
+    def __init__(
+        self,
+        feature_dim: int,
+        config: PanmMemoryConfig | None = None,
+        *,
+        memory_dim: int = 128,
+        bidirectional: bool = True,
+    ):
         super().__init__()
         self.encoder = SlotEncoder(feature_dim, memory_dim, bidirectional=bidirectional)
-        self.memory = PanmMemory(memory_dim=memory_dim, decoder_input_size=0, output_size=NUM_TOKENS, **panm_kwargs)
+        config = config if config is not None else PanmMemoryConfig()
+        self.memory = PanmMemory(config, memory_dim=memory_dim, decoder_input_size=0, output_size=NUM_TOKENS)
 
     def forward(
         self,
@@ -318,26 +325,15 @@ def build_model(name: str, feature_dim: int, **overrides) -> nn.Module:
     Args:
         name: one of `MODEL_NAMES`.
         feature_dim: width of the task's slot features (`task_spec(task).feature_dim`).
-        **overrides: constructor arguments replacing the defaults (e.g. `scoring="cosine"` for PANM,
-            or tiny sizes in tests).
+        **overrides: constructor arguments replacing the defaults: for PANM, `PanmMemoryConfig` fields
+            (e.g. `scoring="dot"`) and `PanmSeq2Seq` arguments (`memory_dim`); tiny sizes in tests.
     """
     if name in PANM_VARIANTS:
-        defaults = dict(
-            memory_dim=128,
-            address_bits=10,
-            num_pointer_units=2,
-            num_mode2_heads=1,
-            pointer_hidden_size=256,
-            controller_hidden_size=256,
-            mlp_hidden_size=128,
-            # Measured on Copy (docs/RESULTS.md, "Design choices measured"): cosine x 15 learns
-            # faster and generalises further than scaled dot product.
-            scoring="cosine",
-            cosine_inverse_temperature=15.0,
-            controller_init="mean",
-            **PANM_VARIANTS[name],
-        )
-        return PanmSeq2Seq(feature_dim, **{**defaults, **overrides})
+        options = {**PANM_VARIANTS[name], **overrides}
+        panm_fields = {f.name for f in fields(PanmMemoryConfig)}
+        config = PanmMemoryConfig(**{key: value for key, value in options.items() if key in panm_fields})
+        sizes = {key: value for key, value in options.items() if key not in panm_fields}
+        return PanmSeq2Seq(feature_dim, config, **sizes)
     if name == "lstm":
         return LstmSeq2Seq(feature_dim, **overrides)
     if name in ("content", "location"):

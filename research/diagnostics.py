@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import torch
 
-from ..addressing import binary_codes
-from ..memory import PanmMemory
+from panm_hf.addressing import binary_codes
+from panm_hf.memory import PanmMemory
+
 from .algorithmic import make_batch
 
 

@@ -34,8 +34,8 @@ class TrainConfig:
     """Settings of one training run.
 
     Args:
-        task: one of `panm_hf.tasks.TASKS`.
-        model: one of `panm_hf.tasks.models.MODEL_NAMES`.
+        task: one of `research.TASKS`.
+        model: one of `research.models.MODEL_NAMES`.
         steps: optimiser steps.
         batch_size: training batch size.
         lr: Adam learning rate.

@@ -1,6 +1,10 @@
-"""Synthetic tasks used to evaluate PANM."""
+"""The paper's algorithmic length-generalisation suite: task generators, models, harness, diagnostics.
 
-from panm_hf.tasks.algorithmic import (
+Research code beside the examples, not part of the installed `panm_hf` package: scripts add the
+repository root to `sys.path` and `import research`.
+"""
+
+from research.algorithmic import (
     BASE_FEATURE_DIM,
     END_FEATURE,
     EXTRA_FEATURE,
@@ -24,7 +28,7 @@ from panm_hf.tasks.algorithmic import (
     task_spec,
     tokens_to_symbols,
 )
-from panm_hf.tasks.harness import (
+from research.harness import (
     RunResult,
     TrainConfig,
     evaluate,
@@ -32,7 +36,7 @@ from panm_hf.tasks.harness import (
     train_and_evaluate,
     write_results,
 )
-from panm_hf.tasks.models import (
+from research.models import (
     MODEL_NAMES,
     AlgorithmicModelOutput,
     AttentionSeq2Seq,

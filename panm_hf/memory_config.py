@@ -1,0 +1,183 @@
+"""PanmMemoryConfig: PANM's hyperparameters, their defaults, allowed values and checks, in one place.
+
+A plain dataclass that imports only the standard library (as PEFT's `LoraConfig`):
+`PanmConfig` inherits these fields, `PanmMemory` and its parts read them
+(`PanmMemory(config, ...)`, as transformers' layers take `config`), and example scripts
+expose every field with `HfArgumentParser(PanmMemoryConfig)`. A new option is a field
+here plus the module that uses it.
+
+Paper symbols: Le et al., "Plug, Play, and Generalize: Length Extrapolation with
+Pointer-Augmented Neural Memory", Sec. 2 and appendix; defaults are the paper's.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+SCORINGS = ("dot", "cosine")
+CONTROLLER_INITS = ("mean", "sum")
+POINTER_UPDATES = ("attention", "shift")
+CONTENT_READS = ("none", "decoder")
+INTEGER_FIELDS = (
+    "address_bits", "num_pointer_units", "num_mode2_heads", "pointer_hidden_size", "controller_hidden_size",
+    "mlp_hidden_size", "shift_range", "address_distractors",
+)  # fmt: skip
+
+
+@dataclass
+class PanmMemoryConfig:
+    r"""Hyperparameters of Pointer-Augmented Neural Memory (the backbone-agnostic core).
+
+    Args:
+        address_bits (`int`, *optional*, defaults to 10):
+            `b`, bits of a physical address; inputs may have at most `2^b` tokens.
+        num_pointer_units (`int`, *optional*, defaults to 2):
+            `H^a`, Mode-1 pointers, each with its own Pointer Unit. They start at the base
+            address `p_B`, the end address `p_E`, then evenly spaced slots (the middle for 3).
+        num_mode2_heads (`int`, *optional*, defaults to 1):
+            `H^c`, Mode-2 attention heads (0 disables Mode 2).
+        pointer_hidden_size (`int`, *optional*, defaults to 256):
+            size of each Pointer Unit GRU state `h^a_t`.
+        controller_hidden_size (`int`, *optional*, defaults to 256):
+            size of the Controller GRU state `h^c_t`.
+        mlp_hidden_size (`int`, *optional*, defaults to 128):
+            hidden width of the MLPs `g^a`, `g^c` and `g^o`.
+        scoring (`str`, *optional*, defaults to `"cosine"`):
+            attention scoring of the address attention (Eq. 2) and Mode-2 attention (Eq. 5):
+            `"cosine"` (the paper's equations, times a learnable inverse temperature) or `"dot"`
+            (scaled dot product, the authors' code). Measured on Copy (docs/RESULTS.md, "Design
+            choices measured"): cosine x 15 reached 93.5% at 2(L+1) where dot reached 57.9%.
+        cosine_inverse_temperature (`float`, *optional*, defaults to 15.0):
+            initial inverse temperature for `scoring="cosine"`.
+        controller_init (`str`, *optional*, defaults to `"mean"`):
+            `h^c_0` from a projected `"mean"` of the real memory slots, or the paper's `"sum"`.
+        pointer_update (`str`, *optional*, defaults to `"attention"`):
+            how a Pointer Unit moves its pointer. `"attention"` is the paper's Eq. 2. `"shift"` (beyond
+            the paper) adds content-free pointer arithmetic: each unit picks, by one softmax, among
+            moving its previous address attention by a step in `-K..K` and the paper's attention; the
+            mixture is sharpened by a learned exponent (`panm_hf.pointer_arithmetic`). Measured on the
+            algorithmic suite in docs/RESULTS.md ("Beyond the paper").
+        shift_range (`int`, *optional*, defaults to 1):
+            `K`, the largest step of `pointer_update="shift"`.
+        address_distractors (`int`, *optional*, defaults to 0):
+            beyond the paper: in training, this many distractor addresses per sample (a real address
+            plus a multiple of the smallest power of two covering the input) join the address bank the
+            Pointer Units attend over; weight put on them reads nothing. 0 disables; no effect in eval.
+        content_read (`str`, *optional*, defaults to `"none"`):
+            `"none"` keeps the paper's reads; `"decoder"` (beyond the paper's equations, after the
+            authors' code, which has an attention over `M` inside the Controller) adds a content
+            attention over `M` queried by the decoder state `z_t`, fed to the Controller with the
+            Mode-1/Mode-2 values. Needs a decoder input (seq2seq; the QA head has no `z_t`).
+        panm_dropout (`float`, *optional*, defaults to 0.0):
+            dropout on the reads entering the Controller and on its output (the paper has none; the
+            authors' code drops 0.5 of the Mode-2 attention).
+    """
+
+    address_bits: int = field(default=10, metadata={"help": "PANM b: inputs may have at most 2^b tokens."})
+    num_pointer_units: int = field(default=2, metadata={"help": "PANM H^a: Mode-1 pointers (Pointer Units)."})
+    num_mode2_heads: int = field(default=1, metadata={"help": "PANM H^c: Mode-2 heads (0 disables Mode 2)."})
+    pointer_hidden_size: int = field(default=256, metadata={"help": "PANM h^a_t: Pointer Unit GRU size."})
+    controller_hidden_size: int = field(default=256, metadata={"help": "PANM h^c_t: Controller GRU size."})
+    mlp_hidden_size: int = field(default=128, metadata={"help": "PANM g^a, g^c, g^o: hidden width of the MLPs."})
+    scoring: str = field(
+        default="cosine",
+        metadata={"help": "PANM attention scoring of Eqs. 2 and 5: cosine (paper) or dot.", "choices": SCORINGS},
+    )
+    cosine_inverse_temperature: float = field(
+        default=15.0, metadata={"help": "PANM: initial (learned) inverse temperature of cosine scoring."}
+    )
+    controller_init: str = field(
+        default="mean",
+        metadata={"help": "PANM h^c_0 from the mean or the paper's sum of M.", "choices": CONTROLLER_INITS},
+    )
+    pointer_update: str = field(
+        default="attention",
+        metadata={
+            "help": "PANM Pointer Unit: attention (the paper's Eq. 2) or shift (beyond the paper: pointer arithmetic).",
+            "choices": POINTER_UPDATES,
+        },
+    )
+    shift_range: int = field(default=1, metadata={"help": "PANM K: the largest step of pointer_update=shift."})
+    address_distractors: int = field(
+        default=0, metadata={"help": "PANM, beyond the paper: distractor addresses per sample in training (0: off)."}
+    )
+    content_read: str = field(
+        default="none",
+        metadata={
+            "help": "PANM content read: none (the paper) or decoder (attention over M queried by z_t).",
+            "choices": CONTENT_READS,
+        },
+    )
+    panm_dropout: float = field(default=0.0, metadata={"help": "Dropout on PANM's reads and output (paper: 0)."})
+
+    def __post_init__(self):
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise ValueError naming the field and the fix when a hyperparameter is out of range."""
+        for name in INTEGER_FIELDS:  # a bool is an int to Python: True would silently count as 1
+            value = getattr(self, name)
+            if isinstance(value, bool):
+                raise ValueError(f"{name} must be an integer, not the bool {value!r}; pass a number such as 1.")
+        temperature = self.cosine_inverse_temperature
+        if (
+            isinstance(temperature, bool)
+            or not isinstance(temperature, (int, float))
+            or not math.isfinite(temperature)
+            or temperature <= 0
+        ):
+            raise ValueError(
+                f"cosine_inverse_temperature must be a finite number > 0 (got {temperature!r}); "
+                "it scales cosine scores, the default is 15.0."
+            )
+        if not isinstance(self.address_bits, int) or self.address_bits < 1:
+            raise ValueError(f"address_bits must be an integer >= 1 (got {self.address_bits!r}).")
+        if self.address_bits > 62:
+            raise ValueError(f"address_bits={self.address_bits} overflows 64-bit addresses; use at most 62.")
+        if not isinstance(self.num_pointer_units, int) or self.num_pointer_units < 1:
+            raise ValueError(
+                f"num_pointer_units (H^a) must be an integer >= 1 (got {self.num_pointer_units!r}); "
+                "the paper uses 2 (base and end pointers)."
+            )
+        if not isinstance(self.num_mode2_heads, int) or self.num_mode2_heads < 0:
+            raise ValueError(f"num_mode2_heads (H^c) must be an integer >= 0 (got {self.num_mode2_heads!r}).")
+        for name in ("pointer_hidden_size", "controller_hidden_size", "mlp_hidden_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer (got {value!r}).")
+        if self.scoring not in SCORINGS:
+            raise ValueError(f"scoring={self.scoring!r} is not supported; choose one of {SCORINGS}.")
+        if self.controller_init not in CONTROLLER_INITS:
+            raise ValueError(
+                f"controller_init={self.controller_init!r} is not supported; choose one of {CONTROLLER_INITS}."
+            )
+        if self.pointer_update not in POINTER_UPDATES:
+            raise ValueError(
+                f"pointer_update={self.pointer_update!r} is not supported; choose one of {POINTER_UPDATES} "
+                '("attention" is the paper\'s Pointer Unit).'
+            )
+        if not isinstance(self.shift_range, int) or self.shift_range < 1:
+            raise ValueError(
+                f"shift_range must be an integer >= 1 (got {self.shift_range!r}); 1 allows steps -1, 0, +1."
+            )
+        if not isinstance(self.address_distractors, int) or self.address_distractors < 0:
+            raise ValueError(
+                f"address_distractors must be an integer >= 0 (got {self.address_distractors!r}); 0 disables."
+            )
+        if self.content_read not in CONTENT_READS:
+            raise ValueError(
+                f"content_read={self.content_read!r} is not supported; choose one of {CONTENT_READS} "
+                '("none" is the paper\'s equations).'
+            )
+        dropout = self.panm_dropout
+        if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0.0 <= dropout < 1.0:
+            raise ValueError(f"panm_dropout must be a probability in [0, 1) (got {dropout!r}); 0 disables it.")
+        if self.pointer_update == "shift" and self.address_distractors > 0:
+            raise ValueError(
+                'pointer_update="shift" moves pointers over consecutive slots and cannot be combined with '
+                "address_distractors; set address_distractors=0 or pointer_update=\"attention\"."
+            )
+
+
+__all__ = ["CONTENT_READS", "CONTROLLER_INITS", "POINTER_UPDATES", "SCORINGS", "PanmMemoryConfig"]
