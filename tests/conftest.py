@@ -108,3 +108,13 @@ def make_inputs(batch_size: int = 2, src_len: int = 7, tgt_len: int = 5, seed: i
     input_ids = torch.randint(4, VOCAB, (batch_size, src_len), generator=generator)
     labels = torch.randint(4, VOCAB, (batch_size, tgt_len), generator=generator)
     return input_ids, labels
+
+
+def activate_panm(model, seed=1):
+    """Give g^o's zero-initialised last layer random weights so PANM changes the logits."""
+    generator = torch.Generator().manual_seed(seed)
+    layer = model.panm.controller.output_mlp[-1]
+    with torch.no_grad():
+        layer.weight.copy_(torch.randn(layer.weight.shape, generator=generator) * 0.5)
+        layer.bias.copy_(torch.randn(layer.bias.shape, generator=generator) * 0.5)
+    return model

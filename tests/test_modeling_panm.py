@@ -7,7 +7,7 @@ import textwrap
 
 import pytest
 import torch
-from conftest import BACKBONES, TINY_PANM, VOCAB, make_inputs
+from conftest import BACKBONES, TINY_PANM, VOCAB, activate_panm, make_inputs
 from transformers import AutoConfig, AutoModelForSeq2SeqLM, BertConfig
 
 import panm_hf  # noqa: F401  (registers the Auto classes)
@@ -20,15 +20,6 @@ def wrap(config, placement="stack", seed=0, **kwargs):
     backbone = AutoModelForSeq2SeqLM.from_config(config)
     return backbone, PanmForSeq2SeqLM.from_backbone(backbone, placement=placement, **{**TINY_PANM, **kwargs})
 
-
-def activate_panm(model, seed=1):
-    """Give g^o's zero-initialised last layer random weights so PANM changes the logits."""
-    generator = torch.Generator().manual_seed(seed)
-    layer = model.panm.controller.output_mlp[-1]
-    with torch.no_grad():
-        layer.weight.copy_(torch.randn(layer.weight.shape, generator=generator) * 0.5)
-        layer.bias.copy_(torch.randn(layer.bias.shape, generator=generator) * 0.5)
-    return model
 
 
 @pytest.mark.parametrize("name", sorted(BACKBONES))

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from conftest import BACKBONES, TINY_PANM, VOCAB, make_inputs
+from conftest import BACKBONES, TINY_PANM, VOCAB, activate_panm, make_inputs
 from safetensors.torch import load_file
 from transformers import AutoModel, AutoModelForSeq2SeqLM, BertConfig, BertForQuestionAnswering, BertModel
 
@@ -23,15 +23,6 @@ def tiny_bert():
     return BertConfig(vocab_size=VOCAB, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
                       intermediate_size=32, max_position_embeddings=64)  # fmt: skip
 
-
-def activate_panm(model, seed=1):
-    """Random weights in g^o's zero-initialised last layer, so PANM changes the logits."""
-    generator = torch.Generator().manual_seed(seed)
-    layer = model.panm.controller.output_mlp[-1]
-    with torch.no_grad():
-        layer.weight.copy_(torch.randn(layer.weight.shape, generator=generator) * 0.5)
-        layer.bias.copy_(torch.randn(layer.bias.shape, generator=generator) * 0.5)
-    return model
 
 
 # -- resize_token_embeddings -----------------------------------------------------------------------
