@@ -4,14 +4,15 @@ Importing the package registers `PanmConfig` with `AutoConfig` and the PANM mode
 with their Auto classes.
 """
 
-from transformers import AutoConfig, AutoModelForQuestionAnswering, AutoModelForSeq2SeqLM
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForQuestionAnswering, AutoModelForSeq2SeqLM
 
 from .addressing import binary_codes, build_address_bank, sample_base_address
-from .cache_panm import PanmCache
+from .cache_panm import PanmCache, PanmDynamicCache
 from .configuration_panm import PanmConfig
 from .memory import PanmMemory, PanmMemoryOutput
 from .memory_config import PanmMemoryConfig
 from .modeling_panm import PanmForSeq2SeqLM, PanmPreTrainedModel, PanmSeq2SeqLMOutput
+from .modeling_panm_causal import PanmCausalLMOutputWithPast, PanmForCausalLM
 from .modeling_panm_qa import BertWithPanmForQA, BertWithPanmForQuestionAnswering
 from .state import AddressedMemory, PanmState
 
@@ -23,13 +24,18 @@ PanmConfig.register_for_auto_class()
 PanmForSeq2SeqLM.register_for_auto_class("AutoModelForSeq2SeqLM")
 AutoModelForQuestionAnswering.register(PanmConfig, BertWithPanmForQuestionAnswering, exist_ok=True)
 BertWithPanmForQuestionAnswering.register_for_auto_class("AutoModelForQuestionAnswering")
+AutoModelForCausalLM.register(PanmConfig, PanmForCausalLM, exist_ok=True)
+PanmForCausalLM.register_for_auto_class("AutoModelForCausalLM")
 
 __all__ = [
     "AddressedMemory",
     "BertWithPanmForQA",
     "BertWithPanmForQuestionAnswering",
     "PanmCache",
+    "PanmCausalLMOutputWithPast",
     "PanmConfig",
+    "PanmDynamicCache",
+    "PanmForCausalLM",
     "PanmForSeq2SeqLM",
     "PanmMemory",
     "PanmMemoryConfig",

@@ -133,3 +133,48 @@ def without_last_layer(root: nn.Module, layers_path: str) -> nn.Module:
     parent = get_path(copied, ".".join(parents))
     setattr(parent, layers_name, nn.ModuleList(list(getattr(parent, layers_name))[:-1]))
     return copied
+
+
+@dataclass(frozen=True)
+class CausalBackboneParts:
+    """Attribute paths of one decoder-only (causal LM) backbone family.
+
+    Attributes:
+        body: the decoder stack with its final norm (the `...Model` inside `...ForCausalLM`); its
+            `last_hidden_state` is what the LM head reads.
+        lm_head: the module mapping hidden states to vocabulary logits.
+        hidden_size: config attribute (dotted) with the size of those hidden states.
+    """
+
+    body: str
+    lm_head: str = "lm_head"
+    hidden_size: str = "hidden_size"
+
+
+_LLAMA_LIKE = CausalBackboneParts(body="model")
+
+CAUSAL_BACKBONES: dict[str, CausalBackboneParts] = {
+    "gpt2": CausalBackboneParts(body="transformer"),
+    "llama": _LLAMA_LIKE,
+    "mistral": _LLAMA_LIKE,
+    "qwen2": _LLAMA_LIKE,
+    "qwen3": _LLAMA_LIKE,
+    "gpt_neox": CausalBackboneParts(body="gpt_neox"),
+}
+
+
+def causal_parts(config: Any) -> CausalBackboneParts:
+    """The table row for a decoder-only backbone config; ValueError naming the supported kinds otherwise."""
+    model_type = getattr(config, "model_type", None)
+    if getattr(config, "is_encoder_decoder", False):
+        raise ValueError(
+            f"PanmForCausalLM wraps a decoder-only causal LM; got the encoder-decoder model_type={model_type!r}. "
+            f"Use PanmForSeq2SeqLM for encoder-decoders. Supported causal LMs: {sorted(CAUSAL_BACKBONES)}."
+        )
+    if model_type not in CAUSAL_BACKBONES:
+        raise ValueError(
+            f"text_config.model_type={model_type!r} is not a supported causal LM backbone for PanmForCausalLM; "
+            f"supported: {sorted(CAUSAL_BACKBONES)} (encoder-decoders: PanmForSeq2SeqLM; BERT-style encoders: "
+            "BertWithPanmForQuestionAnswering). Add a row to panm_hf.backbones.CAUSAL_BACKBONES."
+        )
+    return CAUSAL_BACKBONES[model_type]

@@ -19,41 +19,19 @@ def _is_empty_dynamic(cache: EncoderDecoderCache) -> bool:
     return all(type(part) is DynamicCache and part.get_seq_length() == 0 for part in parts)
 
 
-class PanmCache(EncoderDecoderCache):
-    """An `EncoderDecoderCache` that also carries PANM's decoding state.
+class _PanmStateCache:
+    """PANM's state kept beside a backbone cache and reordered with it (mixed into a `Cache` subclass).
 
     Attributes:
         panm_state: recurrent state after the last decoded token, or None before the first.
-        panm_memory: the addressed memory bound on the first step (reused afterwards).
+        panm_memory: the addressed memory (bound on the first step; grown per token by the causal LM).
         panm_steps: number of tokens PANM has decoded into `panm_state`.
     """
 
-    def __init__(self, *caches) -> None:
-        super().__init__(*caches)
+    def _init_panm(self) -> None:
         self.panm_state: PanmState | None = None
         self.panm_memory: AddressedMemory | None = None
         self.panm_steps = 0
-
-    @classmethod
-    def from_cache(cls, cache: Cache | None) -> PanmCache:
-        """Wrap the cache `generate()` created (or None) without copying its tensors."""
-        if isinstance(cache, PanmCache):
-            return cache
-        if cache is None:
-            return cls(DynamicCache(), DynamicCache())
-        if isinstance(cache, EncoderDecoderCache):
-            if _is_empty_dynamic(cache):
-                # generate() sizes its DynamicCache from the backbone config, which can disagree with the
-                # decoder that actually runs (placement="replace" drops a layer; T5 with
-                # num_decoder_layers != num_layers gets num_layers). Empty, it holds nothing to keep, so
-                # start with layers created lazily for whatever decoder layers exist.
-                return cls(DynamicCache(), DynamicCache())
-            wrapped = cls(cache.self_attention_cache, cache.cross_attention_cache)
-            wrapped.is_updated = dict(cache.is_updated)
-            return wrapped
-        if isinstance(cache, Cache):
-            return cls(cache, DynamicCache())
-        raise TypeError(f"past_key_values must be a transformers Cache or None; got {type(cache).__name__}.")
 
     def _select(self, indices: torch.Tensor) -> None:
         if self.panm_state is not None:
@@ -77,7 +55,7 @@ class PanmCache(EncoderDecoderCache):
 
     def reset(self) -> None:
         super().reset()
-        self.panm_state, self.panm_memory, self.panm_steps = None, None, 0
+        self._init_panm()
 
     def crop(self, tokens_to_remove: int) -> None:
         raise ValueError(
@@ -88,3 +66,67 @@ class PanmCache(EncoderDecoderCache):
     @property
     def is_croppable(self) -> bool:
         return False
+
+
+class PanmCache(_PanmStateCache, EncoderDecoderCache):
+    """An `EncoderDecoderCache` that also carries PANM's decoding state (`PanmForSeq2SeqLM`).
+
+    Attributes:
+        panm_state: recurrent state after the last decoded token, or None before the first.
+        panm_memory: the addressed memory bound on the first step (reused afterwards).
+        panm_steps: number of tokens PANM has decoded into `panm_state`.
+    """
+
+    def __init__(self, *caches) -> None:
+        super().__init__(*caches)
+        self._init_panm()
+
+    @classmethod
+    def from_cache(cls, cache: Cache | None) -> PanmCache:
+        """Wrap the cache `generate()` created (or None) without copying its tensors."""
+        if isinstance(cache, PanmCache):
+            return cache
+        if cache is None:
+            return cls(DynamicCache(), DynamicCache())
+        if isinstance(cache, EncoderDecoderCache):
+            if _is_empty_dynamic(cache):
+                # generate() sizes its DynamicCache from the backbone config, which can disagree with the
+                # decoder that actually runs (placement="replace" drops a layer; T5 with
+                # num_decoder_layers != num_layers gets num_layers). Empty, it holds nothing to keep, so
+                # start with layers created lazily for whatever decoder layers exist.
+                return cls(DynamicCache(), DynamicCache())
+            wrapped = cls(cache.self_attention_cache, cache.cross_attention_cache)
+            wrapped.is_updated = dict(cache.is_updated)
+            return wrapped
+        if isinstance(cache, Cache):
+            return cls(cache, DynamicCache())
+        raise TypeError(f"past_key_values must be a transformers Cache or None; got {type(cache).__name__}.")
+
+
+class PanmDynamicCache(_PanmStateCache, DynamicCache):
+    """A `DynamicCache` (a decoder-only backbone's KV cache) that also carries PANM's state (`PanmForCausalLM`).
+
+    `panm_memory` is the causal memory so far, left-aligned (each sample's real tokens first), grown by
+    `PanmMemory.append` on every cached call.
+    """
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._init_panm()
+
+    @classmethod
+    def from_cache(cls, cache: Cache | None) -> PanmDynamicCache:
+        """Adopt the `DynamicCache` `generate()` created (or None) without copying its tensors."""
+        if isinstance(cache, PanmDynamicCache):
+            return cache
+        if cache is None:
+            return cls()
+        if type(cache) is DynamicCache:
+            wrapped = cls.__new__(cls)
+            wrapped.__dict__.update(cache.__dict__)  # the same layer objects: no copy
+            wrapped._init_panm()
+            return wrapped
+        raise TypeError(
+            f"past_key_values must be a DynamicCache (or None) for PanmForCausalLM; got {type(cache).__name__}. "
+            "Static, quantized and offloaded caches are not supported."
+        )

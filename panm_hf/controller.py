@@ -56,7 +56,11 @@ class Controller(nn.Module):
         return self.initial_state(pooled)
 
     def forward(
-        self, reads: torch.Tensor, decoder_states: torch.Tensor | None, hidden: torch.Tensor
+        self,
+        reads: torch.Tensor,
+        decoder_states: torch.Tensor | None,
+        hidden: torch.Tensor,
+        step_mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Run the Controller over all steps.
 
@@ -64,6 +68,8 @@ class Controller(nn.Module):
             reads: `(batch, steps, read_size)` concatenated Mode-1 and Mode-2 values.
             decoder_states: `(batch, steps, decoder_input_size)` `z_t`, or None.
             hidden: `(batch, hidden)` previous state `h^c_{t-1}`.
+            step_mask: `(batch, steps)` bool whose True steps form a prefix of each row (causal decoding
+                of right-aligned padding); the returned state is the one after the last True step.
 
         Returns:
             `(outputs (batch, steps, output_size), last hidden (batch, hidden))`.
@@ -71,4 +77,9 @@ class Controller(nn.Module):
         inputs = reads if decoder_states is None else torch.cat([reads, decoder_states.to(reads.dtype)], dim=-1)
         states, last = self.gru(inputs, hidden.unsqueeze(0).contiguous())  # (batch, steps, hidden), (1, batch, hidden)
         outputs = self.output_mlp(torch.cat([reads, states.to(reads.dtype)], dim=-1))
-        return outputs, last.squeeze(0)
+        last = last.squeeze(0)
+        if step_mask is not None:  # the state after each row's last real step (or h_{t-1} if none)
+            count = step_mask.long().sum(dim=1)  # (batch,)
+            index = (count - 1).clamp(min=0).reshape(-1, 1, 1).expand(-1, 1, states.shape[-1])  # (batch, 1, hidden)
+            last = torch.where((count > 0).unsqueeze(-1), states.gather(1, index).squeeze(1), hidden)
+        return outputs, last

@@ -9,7 +9,7 @@ Imports only torch and einops.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from einops import rearrange
@@ -180,15 +180,24 @@ class PanmMemory(nn.Module):
             address_mask=address_mask,
         )
 
-    def initial_state(self, memory: AddressedMemory) -> PanmState:
-        """State before the first decoding step: `h^a_0 = 0`, `p^a_0` at base/end(/middle), `h^c_0` from `M`."""
-        offsets = initial_pointer_offsets(memory.lengths, self.num_pointer_units)  # (batch, units)
+    def initial_state(self, memory: AddressedMemory, *, causal: bool = False) -> PanmState:
+        """State before the first decoding step: `h^a_0 = 0`, `p^a_0` at base/end(/middle), `h^c_0` from `M`.
+
+        With `causal=True` (autoregressive decoding over a growing memory) only the first real slot is
+        visible before the first step, so every pointer starts at `p_B` and `h^c_0` is computed from
+        that slot alone; the end pointer then follows the newest slot (see `forward`).
+        """
+        lengths = memory.lengths.clamp(max=1) if causal else memory.lengths
+        offsets = initial_pointer_offsets(lengths, self.num_pointer_units)  # (batch, units)
         addresses = (memory.base_address.unsqueeze(-1) + offsets) % self.max_slots  # (batch, units)
         pointers = binary_codes(addresses, self.address_bits).to(memory.address_bank.dtype)  # (batch, units, bits)
         pointer_hidden = memory.address_keys.new_zeros(
             memory.address_keys.shape[0], self.num_pointer_units, self.pointer_units.hidden_size
         )
-        controller_hidden = self.controller.initial_hidden(memory.memory_states, memory.attention_mask)
+        init_mask = memory.attention_mask
+        if causal:  # the first real slot only
+            init_mask = init_mask & (init_mask.long().cumsum(dim=-1) == 1)  # (batch, slots)
+        controller_hidden = self.controller.initial_hidden(memory.memory_states, init_mask)
         # One-hot at the slot holding each start address (whatever the padding side).
         matches = (memory.address_bank.unsqueeze(1) == pointers.unsqueeze(2)).all(dim=-1)  # (batch, units, bank)
         pointer_weights = (matches & memory.pointer_mask.unsqueeze(1)).to(pointers.dtype)  # (batch, units, bank)
@@ -209,6 +218,7 @@ class PanmMemory(nn.Module):
         state: PanmState | None = None,
         base_address: torch.Tensor | None = None,
         output_attentions: bool = False,
+        causal_positions: torch.Tensor | None = None,
     ) -> PanmMemoryOutput:
         """Decode `steps` steps from the memory.
 
@@ -220,6 +230,13 @@ class PanmMemory(nn.Module):
             num_steps: number of steps when `decoder_states` is None.
             state: state from a previous call to continue from; None starts afresh.
             output_attentions: also return Mode-1 and Mode-2 attention weights.
+            causal_positions: `(batch, steps)` long, for autoregressive decoding (the paper's Dyck
+                model, "masking M"): the slot holding each step's own token. Step `t` then reads only
+                real slots `s <= causal_positions[:, t]` in the Pointer Units' address attention and in
+                Mode 2, and pointer unit 1 (the end pointer `p_E`) restarts at every step from that
+                newest slot, so it reads relative to the current token. A step whose own slot is
+                padding leaves the state unchanged; such steps must come after each row's real steps
+                (the Controller GRU runs over them). Start with `initial_state(memory, causal=True)`.
         """
         if not isinstance(memory, AddressedMemory):
             memory = self.bind(memory, attention_mask, base_address=base_address)
@@ -242,16 +259,21 @@ class PanmMemory(nn.Module):
         if num_steps is None or num_steps < 1:
             raise ValueError(f"num_steps must be a positive integer (got {num_steps!r}).")
         if state is None:
-            state = self.initial_state(memory)
+            state = self.initial_state(memory, causal=causal_positions is not None)
 
+        pointer_mask, slot_mask, step_mask, anchors = memory.pointer_mask, memory.attention_mask, None, None
+        if causal_positions is not None:
+            pointer_mask, slot_mask, step_mask, anchors = self._causal_masks(memory, causal_positions, num_steps)
         address_weights, pointers, pointer_hidden = self.pointer_units(
             state.pointers,
             state.pointer_hidden,
             memory.address_bank,
             memory.address_keys,
-            memory.pointer_mask,
+            pointer_mask,
             num_steps,
             previous_weights=state.pointer_weights,
+            step_mask=step_mask,
+            anchors=anchors,
         )  # (batch, steps, units, bank)
         last_weights = address_weights[:, -1]  # (batch, units, bank)
         # Distractor addresses (training only) follow the slots in the bank and bind no memory.
@@ -261,14 +283,16 @@ class PanmMemory(nn.Module):
         mode2_weights = None
         if self.mode2_reader is not None:
             mode2_values, mode2_weights = self.mode2_reader(
-                mode1_values, memory.memory_states, memory.attention_mask
+                mode1_values, memory.memory_states, slot_mask
             )
             reads.append(mode2_values)
         if self.content_reader is not None:
-            content_values, _ = self.content_reader(decoder_states, memory.memory_states, memory.attention_mask)
+            content_values, _ = self.content_reader(decoder_states, memory.memory_states, slot_mask)
             reads.append(content_values)
         reads = rearrange(torch.cat(reads, dim=2), "b t h d -> b t (h d)")  # (batch, steps, num_reads*dim)
-        hidden_states, controller_hidden = self.controller(self.dropout(reads), decoder_states, state.controller_hidden)
+        hidden_states, controller_hidden = self.controller(
+            self.dropout(reads), decoder_states, state.controller_hidden, step_mask=step_mask
+        )
         hidden_states = self.dropout(hidden_states)
         return PanmMemoryOutput(
             hidden_states=hidden_states,
@@ -282,3 +306,88 @@ class PanmMemory(nn.Module):
             address_attentions=address_weights if output_attentions else None,
             mode2_attentions=mode2_weights if output_attentions else None,
         )
+
+    def _causal_masks(
+        self, memory: AddressedMemory, causal_positions: torch.Tensor, num_steps: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """Per-step masks of causal decoding: (pointer mask over the bank, slot mask, step mask, anchors)."""
+        batch_size, num_slots = memory.attention_mask.shape
+        positions = torch.as_tensor(causal_positions, device=memory.attention_mask.device)
+        if positions.shape != (batch_size, num_steps) or positions.is_floating_point():
+            raise ValueError(
+                f"causal_positions must be an integer tensor of shape ({batch_size}, {num_steps}) (one slot per "
+                f"step); got {positions.dtype} {tuple(positions.shape)}."
+            )
+        positions = positions.long()
+        slots = torch.arange(num_slots, device=positions.device)
+        visible = slots.reshape(1, 1, -1) <= positions.unsqueeze(-1)  # (batch, steps, slots)
+        slot_mask = visible & memory.attention_mask.unsqueeze(1)  # (batch, steps, slots)
+        step_mask = memory.attention_mask.gather(1, positions.clamp(max=num_slots - 1))  # (batch, steps)
+        pointer_mask = slot_mask
+        if memory.address_mask is not None:  # training-time distractors follow the slots and are always visible
+            distractors = memory.address_mask[:, num_slots:].unsqueeze(1).expand(-1, num_steps, -1)
+            pointer_mask = torch.cat([slot_mask, distractors], dim=-1)  # (batch, steps, bank)
+        bits = memory.address_bank.shape[-1]
+        index = positions.unsqueeze(-1).clamp(max=num_slots - 1).expand(-1, -1, bits)  # (batch, steps, bits)
+        anchor_pointers = memory.address_bank.gather(1, index)  # (batch, steps, bits)
+        anchor_weights = torch.nn.functional.one_hot(positions, memory.address_bank.shape[1])  # (batch, steps, bank)
+        return pointer_mask, slot_mask, step_mask, (anchor_pointers, anchor_weights)
+
+    def append(
+        self, memory: AddressedMemory, new_states: torch.Tensor, state: PanmState
+    ) -> tuple[AddressedMemory, PanmState, torch.Tensor]:
+        """Grow a causal memory by `new` real slots per sample (one cached decoding call).
+
+        Each sample's new slots go right after its last real slot (the memory is kept left-aligned: real
+        slots first), at the next consecutive addresses `p_B + length, ...`; only their address keys are
+        computed. `state.pointer_weights` is widened to the new bank with zeros.
+
+        Args:
+            memory: the left-aligned memory so far.
+            new_states: `(batch, new, memory_dim)` the new tokens' states (all real).
+            state: the state after the last decoded step.
+
+        Returns:
+            `(memory, state, causal_positions (batch, new))` to pass to `forward`.
+        """
+        if memory.address_mask is not None:
+            raise ValueError(
+                "Cannot append to a memory bound with training-time address_distractors; decode with a cache "
+                "in eval mode (model.eval())."
+            )
+        batch_size, num_new, dim = new_states.shape
+        needed = int(memory.lengths.max()) + num_new if batch_size else 0
+        if needed > self.max_slots:
+            raise ValueError(
+                f"The causal memory would hold {needed} slots but address_bits={self.address_bits} gives only "
+                f"{self.max_slots} addresses; raise address_bits to at least {max(1, (needed - 1).bit_length())}."
+            )
+        positions = memory.lengths.unsqueeze(-1) + torch.arange(num_new, device=new_states.device)  # (batch, new)
+        num_slots = max(memory.memory_states.shape[1], int(positions.max()) + 1 if batch_size else 0)
+        grow = num_slots - memory.memory_states.shape[1]
+
+        def place(old: torch.Tensor, new: torch.Tensor, slot_dim: int) -> torch.Tensor:
+            # widen `old` along the slot axis with zeros, then write `new` at `positions`
+            pad_shape = list(old.shape)
+            pad_shape[slot_dim] = grow
+            old = torch.cat([old, old.new_zeros(pad_shape)], dim=slot_dim)
+            index_shape = [batch_size] + [1] * (old.dim() - 1)
+            index_shape[slot_dim] = num_new
+            index = positions.reshape(index_shape).expand(*[new.shape[i] for i in range(new.dim())])
+            return old.scatter(slot_dim, index, new.to(old.dtype))
+
+        addresses = (memory.base_address.unsqueeze(-1) + positions) % self.max_slots  # (batch, new)
+        address_bank = binary_codes(addresses, self.address_bits).to(memory.address_bank.dtype)  # (batch, new, bits)
+        address_keys = self.pointer_units.address_keys(address_bank)  # (batch, units, new, hidden)
+        grown = AddressedMemory(
+            memory_states=place(memory.memory_states, new_states, 1),
+            attention_mask=place(memory.attention_mask, torch.ones_like(positions, dtype=torch.bool), 1),
+            address_bank=place(memory.address_bank, address_bank, 1),
+            address_keys=place(memory.address_keys, address_keys, 2),
+            base_address=memory.base_address,
+            lengths=memory.lengths + num_new,
+        )
+        weights = state.pointer_weights
+        if weights is not None and grow > 0:
+            weights = torch.cat([weights, weights.new_zeros(*weights.shape[:-1], grow)], dim=-1)  # (batch, units, bank)
+        return grown, replace(state, pointer_weights=weights), positions

@@ -202,6 +202,9 @@ class PointerUnits(nn.Module):
         attention_mask: torch.Tensor,
         num_steps: int,
         previous_weights: torch.Tensor | None = None,
+        *,
+        step_mask: torch.Tensor | None = None,
+        anchors: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Run `num_steps` pointer updates (Eqs. 1-3); the only sequential loop of PANM.
 
@@ -210,9 +213,15 @@ class PointerUnits(nn.Module):
             hidden: `(batch, units, hidden)` previous GRU states `h_{t-1}`.
             address_bank: `(batch, slots, bits)`.
             address_keys: `(batch, units, slots, hidden)` from `address_keys`.
-            attention_mask: `(batch, slots)` boolean.
+            attention_mask: `(batch, slots)` boolean, or `(batch, steps, slots)` for a mask that
+                changes per step (causal decoding: step `t` sees slots `<= t` only).
             previous_weights: `(batch, units, slots)` previous address attention `w_{t-1}`;
                 required by `pointer_update="shift"`, ignored otherwise.
+            step_mask: `(batch, steps)` bool; a False step leaves every unit's state unchanged
+                (causal decoding: a step whose own token is padding).
+            anchors: `(pointers (batch, steps, bits), weights (batch, steps, slots))`: unit 1's previous
+                pointer (and `w_{t-1}`) is replaced by these before every step (causal decoding: the end
+                pointer is re-anchored at the newest slot). Ignored with a single unit.
 
         Returns:
             `(weights (batch, steps, units, slots), final pointers, final hidden)`.
@@ -231,18 +240,42 @@ class PointerUnits(nn.Module):
         keys = keys.transpose(1, 2)  # (units*batch, hidden, slots)
         bank = address_bank.unsqueeze(0).expand(units, -1, -1, -1)  # (units, batch, slots, bits)
         bank = bank.reshape(units * batch, slots, -1)  # (units*batch, slots, bits)
-        mask = attention_mask.unsqueeze(0).expand(units, -1, -1)  # (units, batch, slots)
-        mask = mask.reshape(units * batch, 1, slots)  # (units*batch, 1, slots)
+        per_step_mask = attention_mask.dim() == 3
+        if per_step_mask:  # (batch, steps, slots) -> one (units*batch, 1, slots) mask per step
+            mask = attention_mask.unsqueeze(0).expand(units, -1, -1, -1)  # (units, batch, steps, slots)
+            mask = mask.reshape(units * batch, num_steps, 1, slots).unbind(1)  # steps x (units*batch, 1, slots)
+        else:
+            mask = attention_mask.unsqueeze(0).expand(units, -1, -1)  # (units, batch, slots)
+            mask = mask.reshape(units * batch, 1, slots)  # (units*batch, 1, slots)
+            mask = (mask,) * num_steps  # the same mask at every step
         # -65504 (fp16's lowest) stays finite in fp16/bf16/fp32 and zeroes padded slots in the softmax.
-        mask_bias = torch.zeros(mask.shape, dtype=keys.dtype, device=keys.device).masked_fill(~mask, -65504.0)
+        bias_of = {id(m): torch.zeros(m.shape, dtype=keys.dtype, device=keys.device).masked_fill(~m, -65504.0)
+                   for m in mask}  # fmt: skip
+        masks, mask_biases = mask, [bias_of[id(m)] for m in mask]
         pointers = pointers.transpose(0, 1).reshape(units, batch, -1)  # (units, batch, bits)
         hidden = hidden.transpose(0, 1).reshape(units, batch, size)  # (units, batch, hidden)
         gamma = self.arithmetic_head.gamma(batch) if self.arithmetic_head is not None else None
         step = self._compiled_step or self.step
         all_weights = []
-        weights = previous_weights
-        for _ in range(num_steps):
-            weights, pointers, hidden = step(pointers, hidden, keys, bank, mask, mask_bias, weights, gamma)
+        weights = previous_weights if self.arithmetic_head is not None else None  # w_{t-1}: "shift" only
+        anchored = anchors is not None and units > 1
+        for t in range(num_steps):
+            if anchored:  # unit 1 restarts from the anchor (the newest slot) at every step
+                pointers = torch.cat([pointers[:1], anchors[0][:, t].unsqueeze(0), pointers[2:]])
+                if weights is not None:
+                    anchor_weights = anchors[1][:, t].unsqueeze(1).to(weights.dtype)  # (batch, 1, slots)
+                    weights = torch.cat([weights[:batch], anchor_weights, weights[2 * batch :]])
+            new_weights, new_pointers, new_hidden = step(
+                pointers, hidden, keys, bank, masks[t], mask_biases[t], weights, gamma
+            )
+            if step_mask is not None:  # inactive steps keep the previous state
+                active = step_mask[:, t].reshape(1, batch, 1)  # (1, batch, 1)
+                new_hidden = torch.where(active, new_hidden, hidden)
+                new_pointers = torch.where(active, new_pointers, pointers)
+                if weights is not None:
+                    active_rows = active.expand(units, -1, -1).reshape(units * batch, 1, 1)  # (units*batch, 1, 1)
+                    new_weights = torch.where(active_rows, new_weights, weights)
+            weights, pointers, hidden = new_weights, new_pointers, new_hidden
             all_weights.append(weights)
         weights = torch.stack(all_weights, dim=1)  # (units*batch, steps, 1, slots)
         weights = weights.reshape(units, batch, num_steps, slots)  # (units, batch, steps, slots)

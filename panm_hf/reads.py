@@ -48,7 +48,7 @@ class Mode2Reader(nn.Module):
         Args:
             mode1_values: `(batch, steps, units, dim)`.
             memory_states: `(batch, slots, dim)`.
-            attention_mask: `(batch, slots)` bool.
+            attention_mask: `(batch, slots)` bool, or `(batch, steps, slots)` for a per-step (causal) mask.
 
         Returns:
             `(values (batch, steps, heads, dim), weights (batch, steps, heads, slots))`.
@@ -58,7 +58,8 @@ class Mode2Reader(nn.Module):
         queries = self.scorer.prepare_queries(queries)
         keys = self.scorer.prepare_keys(memory_states)  # (batch, slots, dim)
         scores = torch.einsum("bthd,bsd->bths", queries, keys)  # (batch, steps, heads, slots)
-        weights = masked_softmax(scores, attention_mask[:, None, None, :])
+        mask = attention_mask[:, None, None, :] if attention_mask.dim() == 2 else attention_mask[:, :, None, :]
+        weights = masked_softmax(scores, mask)  # (batch, steps, heads, slots)
         values = torch.einsum("bths,bsd->bthd", weights, memory_states)  # (batch, steps, heads, dim)
         return values, weights
 
@@ -87,11 +88,12 @@ class DecoderContentReader(nn.Module):
     def forward(
         self, decoder_states: torch.Tensor, memory_states: torch.Tensor, attention_mask: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """`(batch, steps, dec)`, `(batch, slots, dim)`, `(batch, slots)` ->
-        `(values (batch, steps, 1, dim), weights (batch, steps, 1, slots))`."""
+        """`(batch, steps, dec)`, `(batch, slots, dim)`, `(batch, slots)` or a per-step (causal) mask
+        `(batch, steps, slots)` -> `(values (batch, steps, 1, dim), weights (batch, steps, 1, slots))`."""
         queries = self.scorer.prepare_queries(self.query(decoder_states.to(memory_states.dtype)))  # (batch, steps, dim)
         keys = self.scorer.prepare_keys(memory_states)  # (batch, slots, dim)
         scores = torch.einsum("btd,bsd->bts", queries, keys)  # (batch, steps, slots)
-        weights = masked_softmax(scores, attention_mask[:, None, :])
+        mask = attention_mask[:, None, :] if attention_mask.dim() == 2 else attention_mask  # (batch, 1|steps, slots)
+        weights = masked_softmax(scores, mask)
         values = torch.einsum("bts,bsd->btd", weights, memory_states)  # (batch, steps, dim)
         return values.unsqueeze(2), weights.unsqueeze(2)
