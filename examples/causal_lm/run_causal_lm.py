@@ -1,0 +1,181 @@
+"""Length generalisation of a decoder-only LM, with and without PANM (issue 16's example).
+
+An algorithmic task of the suite (`panm_hf.tasks.algorithmic`) framed as language modelling:
+each sample is one token sequence ``BOS x_1 .. x_l SEP y_1 .. y_l`` (Copy: ``y = x``; Reverse:
+``y`` reversed), the loss is on the ``y`` part only (``-100`` elsewhere). A small GPT-2 built
+from its config (learned position embeddings) is trained on ``l`` in ``1..L`` for a fixed
+wall-clock budget per model, then prompted with ``BOS x SEP`` and decoded greedily (with the
+cache) for ``l`` tokens at longer test lengths. Models: the GPT-2 alone (``backbone``), the
+same GPT-2 wrapped by `PanmForCausalLM` with the paper's Pointer Unit (``panm``) and with
+content-free pointer arithmetic (``panm_shift``, `pointer_update="shift"`).
+
+    python examples/causal_lm/run_causal_lm.py                    # Copy, 3 models, 240 s each
+    python examples/causal_lm/run_causal_lm.py --task reverse --time-budget 600
+    python examples/causal_lm/run_causal_lm.py --smoke --output-dir /tmp/causal_smoke
+
+Writes ``results.json`` (per model: steps, time, loss, token and sequence accuracy per test
+length) and ``results.md`` (the per-length table) into ``--output-dir``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+from pathlib import Path
+
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel
+
+from panm_hf import PanmForCausalLM
+from panm_hf.tasks.algorithmic import NUM_TOKENS, make_batch
+
+SEP, BOS, PAD = NUM_TOKENS, NUM_TOKENS + 1, NUM_TOKENS + 2  # tokens 0..9 are the task's symbols
+VOCAB = NUM_TOKENS + 3
+MODELS = {"backbone": None, "panm": "attention", "panm_shift": "shift"}
+SIZES = {
+    "full": dict(gpt2=dict(n_embd=128, n_layer=2, n_head=4, n_positions=256), panm={}),
+    "smoke": dict(gpt2=dict(n_embd=16, n_layer=1, n_head=2, n_positions=64),
+                  panm=dict(pointer_hidden_size=8, controller_hidden_size=8, mlp_hidden_size=8)),
+}  # fmt: skip
+
+
+def lm_batch(task: str, batch_size: int, length: int | tuple[int, int], generator: torch.Generator):
+    """`(input_ids, attention_mask, labels)` of `BOS x SEP y`, right-padded; labels only on `y`.
+
+    Shapes `(batch, 2 * hi + 2)` where `hi` is the longest length.
+    """
+    batch = make_batch(task, batch_size, length, generator=generator)
+    tokens, targets = batch.input_tokens, batch.labels  # (batch, hi), -100 padded
+    size, hi = tokens.shape
+    lengths = (tokens >= 0).sum(dim=1)  # (batch,)
+    width = 2 * hi + 2
+    steps = torch.arange(hi).expand(size, -1)  # (batch, hi)
+    valid = steps < lengths.unsqueeze(1)  # (batch, hi)
+    overflow = width  # invalid entries are written to one extra column, dropped below
+    x_at = torch.where(valid, 1 + steps, overflow)  # (batch, hi)
+    y_at = torch.where(valid, lengths.unsqueeze(1) + 2 + steps, overflow)  # (batch, hi)
+    rows = torch.arange(size)
+    input_ids = torch.full((size, width + 1), PAD)  # (batch, width + 1)
+    input_ids[:, 0] = BOS
+    input_ids.scatter_(1, x_at, tokens.clamp(min=0))
+    input_ids[rows, lengths + 1] = SEP
+    input_ids.scatter_(1, y_at, targets.clamp(min=0))
+    labels = torch.full((size, width + 1), -100)  # (batch, width + 1)
+    labels.scatter_(1, y_at, targets.clamp(min=0))
+    attention_mask = (torch.arange(width + 1) < (2 * lengths + 2).unsqueeze(1)).long()  # (batch, width + 1)
+    return input_ids[:, :width], attention_mask[:, :width], labels[:, :width]
+
+
+def build(name: str, size: str, seed: int, address_bits: int):
+    torch.manual_seed(seed)
+    config = GPT2Config(vocab_size=VOCAB, bos_token_id=BOS, eos_token_id=PAD, pad_token_id=PAD, resid_pdrop=0.0,
+                        embd_pdrop=0.0, attn_pdrop=0.0, **SIZES[size]["gpt2"])  # fmt: skip
+    backbone = GPT2LMHeadModel(config)
+    if MODELS[name] is None:
+        return backbone
+    return PanmForCausalLM.from_backbone(
+        backbone, pointer_update=MODELS[name], address_bits=address_bits, **SIZES[size]["panm"]
+    )
+
+
+@torch.no_grad()
+def evaluate(model, task: str, length: int, samples: int, batch_size: int, seed: int) -> tuple[float, float]:
+    """Greedy decoding of `y` from the prompt `BOS x SEP`: (token accuracy, sequence accuracy)."""
+    model.eval()
+    generator = torch.Generator().manual_seed(seed)
+    correct = exact = 0
+    for start in range(0, samples, batch_size):
+        input_ids, _, labels = lm_batch(task, min(batch_size, samples - start), length, generator)
+        prompt = input_ids[:, : length + 2]  # (batch, L + 2): BOS x SEP
+        out = model.generate(input_ids=prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=length,
+                             min_new_tokens=length, do_sample=False, num_beams=1, pad_token_id=PAD)  # fmt: skip
+        predicted = out[:, length + 2 :]  # (batch, L)
+        target = labels[:, length + 2 :]  # (batch, L)
+        correct += int((predicted == target).sum())
+        exact += int((predicted == target).all(dim=1).sum())
+    return correct / (samples * length), exact / samples
+
+
+def train(model, args, generator: torch.Generator) -> dict:
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    model.train()
+    started, steps, losses = time.perf_counter(), 0, []
+    while steps < args.max_steps and time.perf_counter() - started < args.time_budget:
+        input_ids, attention_mask, labels = lm_batch(args.task, args.batch_size, (1, args.train_length), generator)
+        loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        steps += 1
+        losses.append(float(loss))
+        if steps % args.log_every == 0:
+            print(f"  step {steps}  loss {sum(losses[-args.log_every:]) / args.log_every:.4f}  "
+                  f"{time.perf_counter() - started:.0f}s", flush=True)  # fmt: skip
+    tail = losses[-min(len(losses), 20) :]
+    return {"steps": steps, "train_seconds": round(time.perf_counter() - started, 1),
+            "final_loss": sum(tail) / max(len(tail), 1)}  # fmt: skip
+
+
+def markdown(results: dict) -> str:
+    lengths = results["test_lengths"]
+    head = "| model | steps | params | " + " | ".join(f"L={n}" for n in lengths) + " |"
+    lines = [head, "|" + "---|" * (3 + len(lengths))]
+    for name, run in results["models"].items():
+        cells = " | ".join(f"{100 * run['token_accuracy'][str(n)]:.1f} ({100 * run['sequence_accuracy'][str(n)]:.0f})"
+                           for n in lengths)  # fmt: skip
+        lines.append(f"| {name} | {run['steps']} | {run['parameters']:,} | {cells} |")
+    return "\n".join(lines) + "\n\nToken accuracy % (exact-sequence accuracy % in brackets), greedy decoding.\n"
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--task", default="copy", choices=["copy", "reverse"])
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    parser.add_argument("--train-length", type=int, default=9, help="L: training lengths are 1..L")
+    parser.add_argument("--test-lengths", type=int, nargs="+", default=None, help="default L, L+1, 2(L+1), 4(L+1)")
+    parser.add_argument("--time-budget", type=float, default=240.0, help="training seconds per model")
+    parser.add_argument("--max-steps", type=int, default=100_000)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--address-bits", type=int, default=10)
+    parser.add_argument("--eval-samples", type=int, default=200)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--log-every", type=int, default=100)
+    parser.add_argument("--output-dir", default="outputs/causal_lm")
+    parser.add_argument("--smoke", action="store_true", help="tiny models, a few steps, 2 short test lengths")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    size = "smoke" if args.smoke else "full"
+    if args.smoke:
+        args.train_length, args.max_steps, args.eval_samples, args.log_every = 3, 3, 4, 1
+        args.test_lengths = args.test_lengths or [3, 5]
+    lengths = args.test_lengths or [args.train_length, args.train_length + 1, 2 * (args.train_length + 1),
+                                    4 * (args.train_length + 1)]  # fmt: skip
+    results = {"task": args.task, "train_length": args.train_length, "test_lengths": lengths, "args": vars(args),
+               "machine": f"{platform.machine()} {platform.processor() or ''}, torch threads {args.threads}",
+               "models": {}}  # fmt: skip
+    for name in args.models:
+        print(f"== {name}", flush=True)
+        model = build(name, size, args.seed, args.address_bits)
+        run = train(model, args, torch.Generator().manual_seed(args.seed))
+        run["parameters"] = sum(p.numel() for p in model.parameters())
+        run["token_accuracy"], run["sequence_accuracy"] = {}, {}
+        for length in lengths:
+            token, sequence = evaluate(model, args.task, length, args.eval_samples, 100, seed=1000 + length)
+            run["token_accuracy"][str(length)], run["sequence_accuracy"][str(length)] = token, sequence
+            print(f"  L={length}: token {100 * token:.1f}%  sequence {100 * sequence:.1f}%", flush=True)
+        results["models"][name] = run
+    output = Path(args.output_dir)
+    output.mkdir(parents=True, exist_ok=True)
+    (output / "results.json").write_text(json.dumps(results, indent=2))
+    (output / "results.md").write_text(markdown(results))
+    print(markdown(results))
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,42 @@
+"""examples/causal_lm/run_causal_lm.py end to end on a tiny slice (seconds)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "examples" / "causal_lm"))
+
+from run_causal_lm import BOS, PAD, SEP, lm_batch  # noqa: E402
+
+
+def test_lm_framing_of_copy_and_reverse():
+    input_ids, attention_mask, labels = lm_batch("reverse", 4, (1, 3), torch.Generator().manual_seed(0))
+    for row in range(4):
+        length = int(attention_mask[row].sum() - 2) // 2
+        x = input_ids[row, 1 : length + 1]
+        assert input_ids[row, 0] == BOS and input_ids[row, length + 1] == SEP
+        assert torch.equal(input_ids[row, length + 2 : 2 * length + 2], x.flip(0))
+        assert (input_ids[row, 2 * length + 2 :] == PAD).all()
+        # the loss sees exactly the output part
+        assert torch.equal((labels[row] != -100).nonzero().squeeze(1), torch.arange(length + 2, 2 * length + 2))
+
+
+def test_smoke_run_writes_the_per_length_table(tmp_path):
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "causal_lm" / "run_causal_lm.py"), "--smoke", "--output-dir",
+         str(tmp_path)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["test_lengths"] == [3, 5] and set(results["models"]) == {"backbone", "panm", "panm_shift"}
+    for run in results["models"].values():
+        assert run["steps"] == 3 and run["parameters"] > 0
+        for key in ("token_accuracy", "sequence_accuracy"):
+            assert set(run[key]) == {"3", "5"} and all(0.0 <= value <= 1.0 for value in run[key].values())
+    assert results["models"]["panm"]["parameters"] > results["models"]["backbone"]["parameters"]
+    assert "| panm_shift | 3 |" in (tmp_path / "results.md").read_text()
