@@ -14,6 +14,8 @@ Cases (issue "Performance"):
   seq2seq  a Multi30K-sized Transformer (BART config, 3+3 layers, d_model 512, vocab 8000,
            batch 32 x 24 tokens) vs the same with PANM, placements "stack" and "replace"
   qa       BERT-base-sized QA at sequence length 384 vs BertWithPanmForQuestionAnswering
+  causal   a GPT-2 (6 layers, d 512, vocab 8000, learned positions; batch 32 x 48 tokens) vs
+           PanmForCausalLM on it (issue 16); generation: cached tokens after a 24-token prompt
 Peak memory: CUDA's max_memory_allocated on GPU; on CPU the rise of the process's peak RSS
 over one training step, measured in a fresh subprocess per model (CPU RSS is coarse).
 Section "cost" (no timing): FLOPs of one training step (forward + backward, matmul-class ops,
@@ -38,9 +40,16 @@ from pathlib import Path
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
-from transformers import BartConfig, BartForConditionalGeneration, BertConfig, BertForQuestionAnswering
+from transformers import (
+    BartConfig,
+    BartForConditionalGeneration,
+    BertConfig,
+    BertForQuestionAnswering,
+    GPT2Config,
+    GPT2LMHeadModel,
+)
 
-from panm_hf import PanmConfig, PanmForSeq2SeqLM
+from panm_hf import PanmConfig, PanmForCausalLM, PanmForSeq2SeqLM
 from panm_hf.modeling_panm_qa import BertWithPanmForQuestionAnswering
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the research/ package beside panm_hf
@@ -49,10 +58,12 @@ from research import build_model, make_batch, task_spec  # noqa: E402
 SEQ2SEQ = dict(vocab_size=8000, d_model=512, encoder_layers=3, decoder_layers=3, encoder_attention_heads=8,
                decoder_attention_heads=8, encoder_ffn_dim=2048, decoder_ffn_dim=2048, max_position_embeddings=1024,
                dropout=0.1)
+CAUSAL = dict(vocab_size=8000, n_embd=512, n_layer=6, n_head=8, n_positions=1024)
 # Sizes of each case: the issue's (full) and tiny ones for the CI smoke run of this script.
 SIZES = {
     "full": dict(lstm_batch=128, lstm_length=10, panm_lstm={}, lstm={}, seq2seq=SEQ2SEQ, seq2seq_batch=32,
-                 seq2seq_length=24, bert={}, qa_batch={"cuda": 8, "cpu": 2}, qa_length=384, panm={}),
+                 seq2seq_length=24, bert={}, qa_batch={"cuda": 8, "cpu": 2}, qa_length=384, panm={},
+                 causal=CAUSAL, causal_batch=32, causal_length=48),
     "smoke": dict(lstm_batch=4, lstm_length=4,
                   panm_lstm=dict(memory_dim=16, pointer_hidden_size=16, controller_hidden_size=16, mlp_hidden_size=16),
                   lstm=dict(hidden_size=16),
@@ -63,7 +74,9 @@ SIZES = {
                   bert=dict(vocab_size=100, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
                             intermediate_size=32),
                   qa_batch={"cuda": 2, "cpu": 2}, qa_length=16,
-                  panm=dict(pointer_hidden_size=16, controller_hidden_size=16, mlp_hidden_size=16)),
+                  panm=dict(pointer_hidden_size=16, controller_hidden_size=16, mlp_hidden_size=16),
+                  causal=dict(vocab_size=100, n_embd=16, n_layer=2, n_head=2, n_positions=64), causal_batch=2,
+                  causal_length=6),
 }
 
 
@@ -107,11 +120,26 @@ def build_case(case: str, variant: str, device: str, src_len: int | None = None,
                   "start_positions": torch.randint(0, seq, (batch_size,), generator=generator).to(device),
                   "end_positions": torch.randint(0, seq, (batch_size,), generator=generator).to(device)}
         return model.to(device), lambda m: m(**inputs).loss, batch_size * seq
+    if case == "causal":
+        model = causal_model(variant, sizes)
+        generator = torch.Generator().manual_seed(0)
+        batch_size, length = sizes["causal_batch"], src_len or sizes["causal_length"]
+        input_ids = torch.randint(4, model.config.vocab_size, (batch_size, length), generator=generator).to(device)
+        return model.to(device), lambda m: m(input_ids=input_ids, labels=input_ids).loss, batch_size * length
     raise ValueError(f"unknown case {case!r}")
 
 
+def causal_model(variant: str, sizes: dict):
+    """The GPT-2 of the "causal" case alone, or wrapped by PanmForCausalLM."""
+    torch.manual_seed(0)
+    config = GPT2Config(bos_token_id=0, eos_token_id=2, pad_token_id=1, **sizes["causal"])
+    if variant == "backbone":
+        return GPT2LMHeadModel(config)
+    return PanmForCausalLM(PanmConfig(text_config=config, **sizes["panm"]))
+
+
 VARIANTS = {"lstm": ["backbone", "panm"], "seq2seq": ["backbone", "panm-stack", "panm-replace"],
-            "qa": ["backbone", "panm"]}
+            "qa": ["backbone", "panm"], "causal": ["backbone", "panm"]}
 
 
 def sync(device: str) -> None:
@@ -192,37 +220,54 @@ def memory_probe(case: str, variant: str, size: str) -> None:
     print(4 * params_mb + (after - before) / 1024)
 
 
-def bench_generate(args) -> dict:
-    """Cached generation, backbone vs PANM in both placements; per-token time ratio PANM/backbone."""
+def generation_models(family: str, args) -> tuple[dict, torch.Tensor]:
+    """Eval-mode models of one family (backbone first) and the prompts/sources they generate from."""
     sizes = SIZES[args.size]
-    config = BartConfig(**{**sizes["seq2seq"], "dropout": 0.0})
-    torch.manual_seed(0)
-    models = {"backbone": BartForConditionalGeneration(config)}
-    for placement in ("replace", "stack"):
-        models[f"panm-{placement}"] = PanmForSeq2SeqLM(PanmConfig(text_config=config, placement=placement,
-                                                                  **sizes["panm"]))
+    if family == "causal":
+        models = {variant: causal_model(variant, sizes) for variant in VARIANTS["causal"]}
+        vocab, length = sizes["causal"]["vocab_size"], sizes["seq2seq_length"]
+    else:
+        config = BartConfig(**{**sizes["seq2seq"], "dropout": 0.0})
+        torch.manual_seed(0)
+        models = {"backbone": BartForConditionalGeneration(config)}
+        for placement in ("replace", "stack"):
+            models[f"panm-{placement}"] = PanmForSeq2SeqLM(PanmConfig(text_config=config, placement=placement,
+                                                                      **sizes["panm"]))
+        vocab, length = config.vocab_size, sizes["seq2seq_length"]
     models = {name: model.to(args.device).eval() for name, model in models.items()}
     generator = torch.Generator().manual_seed(0)
-    source_shape = (args.gen_batch, sizes["seq2seq_length"])
-    input_ids = torch.randint(4, config.vocab_size, source_shape, generator=generator).to(args.device)
+    input_ids = torch.randint(4, vocab, (args.gen_batch, length), generator=generator).to(args.device)
+    return models, input_ids
+
+
+def bench_generate(args) -> dict:
+    """Cached generation, backbone vs PANM (seq2seq: both placements; causal with `--cases` causal).
+
+    Per-token time ratio PANM/backbone; seq2seq rows are named "greedy"/"beam4", causal ones
+    "causal-greedy"/"causal-beam4".
+    """
+    families = ["seq2seq"] + (["causal"] if "causal" in args.cases.split(",") else [])
     result = {}
-    for beams in (1, 4):
-        kwargs = dict(max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens, num_beams=beams,
-                      do_sample=False)
+    for family in families:
+        models, input_ids = generation_models(family, args)
+        prefix = "causal-" if family == "causal" else ""
+        for beams in (1, 4):
+            kwargs = dict(max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens, num_beams=beams,
+                          do_sample=False)
 
-        def run(model, kwargs=kwargs):
-            with torch.no_grad():
-                model.generate(input_ids, **kwargs)
+            def run(model, kwargs=kwargs, input_ids=input_ids):
+                with torch.no_grad():
+                    model.generate(input_ids, **kwargs)
 
-        medians = time_interleaved({name: (lambda m=model: run(m)) for name, model in models.items()},
-                                   args.gen_repeats, 1, args.device)
-        tokens = args.gen_batch * args.new_tokens
-        name = "greedy" if beams == 1 else f"beam{beams}"
-        result[name] = {variant: {"tokens_per_s": tokens / s, "ms_per_token": 1000 * s / args.new_tokens,
-                                  "per_token_time_ratio": s / medians["backbone"]}
-                        for variant, s in medians.items()}
-    for variant, model in models.items():  # kernels one more greedy token dispatches (no timing)
-        result["greedy"][variant]["aten_ops_per_token"] = ops_per_generated_token(model, input_ids)
+            medians = time_interleaved({name: (lambda m=model: run(m)) for name, model in models.items()},
+                                       args.gen_repeats, 1, args.device)
+            tokens = args.gen_batch * args.new_tokens
+            name = prefix + ("greedy" if beams == 1 else f"beam{beams}")
+            result[name] = {variant: {"tokens_per_s": tokens / s, "ms_per_token": 1000 * s / args.new_tokens,
+                                      "per_token_time_ratio": s / medians["backbone"]}
+                            for variant, s in medians.items()}
+        for variant, model in models.items():  # kernels one more greedy token dispatches (no timing)
+            result[prefix + "greedy"][variant]["aten_ops_per_token"] = ops_per_generated_token(model, input_ids)
     return result
 
 
@@ -314,7 +359,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--sections", default="train,generate,scaling,cost")
-    parser.add_argument("--cases", default="lstm,seq2seq,qa")
+    parser.add_argument("--cases", default="lstm,seq2seq,qa,causal")
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--gen-batch", type=int, default=4)

@@ -50,7 +50,7 @@ def test_overhead_benchmark_smoke_writes_every_section(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(output.read_text())
     for section in ("train", "cost"):
-        assert set(report[section]) == {"lstm", "seq2seq", "qa"}
+        assert set(report[section]) == {"lstm", "seq2seq", "qa", "causal"}
         for case, rows in report[section].items():
             assert "backbone" in rows and len(rows) >= 2, case
     for rows in report["train"].values():
@@ -61,12 +61,15 @@ def test_overhead_benchmark_smoke_writes_every_section(tmp_path):
         assert rows["backbone"]["flop_ratio"] == 1.0
         # PANM adds the Pointer-Unit loop's kernels on top of the backbone's
         assert all(row["aten_ops"] > rows["backbone"]["aten_ops"] for name, row in rows.items() if name != "backbone")
-    assert set(report["generate"]) == {"greedy", "beam4"}
-    for rows in report["generate"].values():
-        assert set(rows) == {"backbone", "panm-replace", "panm-stack"}
+    assert set(report["generate"]) == {"greedy", "beam4", "causal-greedy", "causal-beam4"}
+    for name, rows in report["generate"].items():
+        variants = {"backbone", "panm"} if name.startswith("causal") else {"backbone", "panm-replace", "panm-stack"}
+        assert set(rows) == variants
         assert rows["backbone"]["per_token_time_ratio"] == 1.0
         assert all(row["per_token_time_ratio"] > 0 and row["tokens_per_s"] > 0 for row in rows.values())
     greedy = report["generate"]["greedy"]
     # each cached token runs PANM's step on top of (stack) or instead of a layer of (replace) the decoder
     assert greedy["panm-stack"]["aten_ops_per_token"] > greedy["backbone"]["aten_ops_per_token"] > 0
+    causal = report["generate"]["causal-greedy"]  # one PANM step per cached token, never a re-run over the prefix
+    assert causal["panm"]["aten_ops_per_token"] > causal["backbone"]["aten_ops_per_token"] > 0
     assert [point["L"] for point in report["scaling"]["curve"]] == [4, 8, 6, 12]
