@@ -31,8 +31,9 @@ class PanmConfig(PreTrainedConfig, PanmMemoryConfig):
     Args:
         text_config (`dict` or `PreTrainedConfig`, *optional*):
             The backbone's config (an encoder-decoder such as BART, T5, Marian, mBART or
-            `EncoderDecoderModel` for `PanmForSeq2SeqLM`; an encoder such as BERT for
-            `BertWithPanmForQuestionAnswering`). Defaults to a BART config.
+            `EncoderDecoderModel` for `PanmForSeq2SeqLM`; a decoder-only LM such as GPT-2, Llama or
+            Qwen2 for `PanmForCausalLM`; an encoder such as BERT for `BertWithPanmForQuestionAnswering`).
+            Defaults to a BART config.
         placement (`str`, *optional*, defaults to `"stack"`):
             where the Controller goes in a seq2seq backbone's decoder: `"stack"` adds it after the
             last decoder layer through a zero-initialised residual (a freshly wrapped pretrained
@@ -40,6 +41,7 @@ class PanmConfig(PreTrainedConfig, PanmMemoryConfig):
             paper's setup that keeps the parameter count; `"residual"` replaces the last decoder layer
             too but joins the Controller's output to the decoder stream as a Transformer sublayer does,
             `LayerNorm(z_t + o_t)` (the paper's `replace` feeds the logits from the Controller alone).
+            `PanmForCausalLM` supports `"stack"` only.
         **kwargs: the `PanmMemoryConfig` fields and `PreTrainedConfig`'s arguments.
     """
 
