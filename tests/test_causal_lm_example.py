@@ -39,4 +39,7 @@ def test_smoke_run_writes_the_per_length_table(tmp_path):
         for key in ("token_accuracy", "sequence_accuracy"):
             assert set(run[key]) == {"3", "5"} and all(0.0 <= value <= 1.0 for value in run[key].values())
     assert results["models"]["panm"]["parameters"] > results["models"]["backbone"]["parameters"]
+    assert results["models"]["backbone"]["pointer_hits"]["5"] is None
+    hits = results["models"]["panm_shift"]["pointer_hits"]["5"]  # the diagnosis: reads landing on the source slot
+    assert set(hits) == {"unit0", "unit1", "mode2"} and all(0.0 <= value <= 1.0 for value in hits.values())
     assert "| panm_shift | 3 |" in (tmp_path / "results.md").read_text()

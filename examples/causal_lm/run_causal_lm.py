@@ -11,6 +11,7 @@ content-free pointer arithmetic (``panm_shift``, `pointer_update="shift"`).
 
     python examples/causal_lm/run_causal_lm.py                    # Copy, 3 models, 240 s each
     python examples/causal_lm/run_causal_lm.py --task reverse --time-budget 600
+    python examples/causal_lm/run_causal_lm.py --backbone llama   # rotary instead of learned positions
     python examples/causal_lm/run_causal_lm.py --smoke --output-dir /tmp/causal_smoke
 
 Writes ``results.json`` (per model: steps, time, loss, token and sequence accuracy per test
@@ -26,7 +27,7 @@ import time
 from pathlib import Path
 
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
 from panm_hf import PanmForCausalLM
 from panm_hf.tasks.algorithmic import NUM_TOKENS, make_batch
@@ -35,8 +36,13 @@ SEP, BOS, PAD = NUM_TOKENS, NUM_TOKENS + 1, NUM_TOKENS + 2  # tokens 0..9 are th
 VOCAB = NUM_TOKENS + 3
 MODELS = {"backbone": None, "panm": "attention", "panm_shift": "shift"}
 SIZES = {
-    "full": dict(gpt2=dict(n_embd=128, n_layer=2, n_head=4, n_positions=256), panm={}),
+    "full": dict(gpt2=dict(n_embd=128, n_layer=2, n_head=4, n_positions=256),
+                 llama=dict(hidden_size=128, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+                            max_position_embeddings=256),
+                 panm={}),
     "smoke": dict(gpt2=dict(n_embd=16, n_layer=1, n_head=2, n_positions=64),
+                  llama=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                             max_position_embeddings=64),
                   panm=dict(pointer_hidden_size=8, controller_hidden_size=8, mlp_hidden_size=8)),
 }  # fmt: skip
 
@@ -68,11 +74,15 @@ def lm_batch(task: str, batch_size: int, length: int | tuple[int, int], generato
     return input_ids[:, :width], attention_mask[:, :width], labels[:, :width]
 
 
-def build(name: str, size: str, seed: int, address_bits: int):
+def build(name: str, size: str, seed: int, address_bits: int, backbone_type: str = "gpt2"):
+    """The backbone (GPT-2: learned absolute positions; Llama: rotary positions), alone or wrapped."""
     torch.manual_seed(seed)
-    config = GPT2Config(vocab_size=VOCAB, bos_token_id=BOS, eos_token_id=PAD, pad_token_id=PAD, resid_pdrop=0.0,
-                        embd_pdrop=0.0, attn_pdrop=0.0, **SIZES[size]["gpt2"])  # fmt: skip
-    backbone = GPT2LMHeadModel(config)
+    ids = dict(vocab_size=VOCAB, bos_token_id=BOS, eos_token_id=PAD, pad_token_id=PAD)
+    if backbone_type == "llama":
+        backbone = LlamaForCausalLM(LlamaConfig(**ids, **SIZES[size]["llama"]))
+    else:
+        config = GPT2Config(**ids, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, **SIZES[size]["gpt2"])
+        backbone = GPT2LMHeadModel(config)
     if MODELS[name] is None:
         return backbone
     return PanmForCausalLM.from_backbone(
@@ -81,13 +91,33 @@ def build(name: str, size: str, seed: int, address_bits: int):
 
 
 @torch.no_grad()
+def pointer_hits(model, task: str, input_ids: torch.Tensor, length: int) -> dict:
+    """Diagnosis: how often each PANM read's argmax is the slot holding the token to output.
+
+    Teacher-forced; step `t = L + 1 + j` predicts `y_j`, whose source is slot `1 + j` (Copy) or
+    `L - j` (Reverse). Keys: `unit0` (base pointer), `unit1` (end pointer), `mode2`.
+    """
+    out = model(input_ids=input_ids, output_attentions=True)
+    steps = torch.arange(length + 1, 2 * length + 1)  # (L,) the steps that predict y
+    j = steps - length - 1
+    source = 1 + j if task == "copy" else length - j  # (L,)
+    reads = {f"unit{u}": out.address_attentions[:, steps, u] for u in range(out.address_attentions.shape[2])}
+    if out.mode2_attentions is not None:
+        reads["mode2"] = out.mode2_attentions[:, steps, 0]
+    return {name: float((weights.argmax(-1) == source).float().mean()) for name, weights in reads.items()}
+
+
+@torch.no_grad()
 def evaluate(model, task: str, length: int, samples: int, batch_size: int, seed: int) -> tuple[float, float]:
-    """Greedy decoding of `y` from the prompt `BOS x SEP`: (token accuracy, sequence accuracy)."""
+    """Greedy decoding of `y` from the prompt `BOS x SEP`: (token accuracy, sequence accuracy, pointer hits)."""
     model.eval()
     generator = torch.Generator().manual_seed(seed)
     correct = exact = 0
+    hits = []
     for start in range(0, samples, batch_size):
         input_ids, _, labels = lm_batch(task, min(batch_size, samples - start), length, generator)
+        if isinstance(model, PanmForCausalLM):
+            hits.append(pointer_hits(model, task, input_ids, length))
         prompt = input_ids[:, : length + 2]  # (batch, L + 2): BOS x SEP
         out = model.generate(input_ids=prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=length,
                              min_new_tokens=length, do_sample=False, num_beams=1, pad_token_id=PAD)  # fmt: skip
@@ -95,7 +125,8 @@ def evaluate(model, task: str, length: int, samples: int, batch_size: int, seed:
         target = labels[:, length + 2 :]  # (batch, L)
         correct += int((predicted == target).sum())
         exact += int((predicted == target).all(dim=1).sum())
-    return correct / (samples * length), exact / samples
+    mean_hits = {name: sum(h[name] for h in hits) / len(hits) for name in hits[0]} if hits else None
+    return correct / (samples * length), exact / samples, mean_hits
 
 
 def train(model, args, generator: torch.Generator) -> dict:
@@ -110,7 +141,7 @@ def train(model, args, generator: torch.Generator) -> dict:
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         steps += 1
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
         if steps % args.log_every == 0:
             print(f"  step {steps}  loss {sum(losses[-args.log_every:]) / args.log_every:.4f}  "
                   f"{time.perf_counter() - started:.0f}s", flush=True)  # fmt: skip
@@ -134,6 +165,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--task", default="copy", choices=["copy", "reverse"])
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    parser.add_argument("--backbone", default="gpt2", choices=["gpt2", "llama"],
+                        help="gpt2: learned absolute positions (the issue's example); llama: rotary positions")
     parser.add_argument("--train-length", type=int, default=9, help="L: training lengths are 1..L")
     parser.add_argument("--test-lengths", type=int, nargs="+", default=None, help="default L, L+1, 2(L+1), 4(L+1)")
     parser.add_argument("--time-budget", type=float, default=240.0, help="training seconds per model")
@@ -155,19 +188,23 @@ def main(argv: list[str] | None = None) -> dict:
         args.test_lengths = args.test_lengths or [3, 5]
     lengths = args.test_lengths or [args.train_length, args.train_length + 1, 2 * (args.train_length + 1),
                                     4 * (args.train_length + 1)]  # fmt: skip
-    results = {"task": args.task, "train_length": args.train_length, "test_lengths": lengths, "args": vars(args),
+    results = {"task": args.task, "backbone": args.backbone, "train_length": args.train_length,
+               "test_lengths": lengths, "args": vars(args),
                "machine": f"{platform.machine()} {platform.processor() or ''}, torch threads {args.threads}",
                "models": {}}  # fmt: skip
     for name in args.models:
         print(f"== {name}", flush=True)
-        model = build(name, size, args.seed, args.address_bits)
+        model = build(name, size, args.seed, args.address_bits, args.backbone)
         run = train(model, args, torch.Generator().manual_seed(args.seed))
         run["parameters"] = sum(p.numel() for p in model.parameters())
-        run["token_accuracy"], run["sequence_accuracy"] = {}, {}
+        run["token_accuracy"], run["sequence_accuracy"], run["pointer_hits"] = {}, {}, {}
         for length in lengths:
-            token, sequence = evaluate(model, args.task, length, args.eval_samples, 100, seed=1000 + length)
+            token, sequence, hits = evaluate(model, args.task, length, args.eval_samples, 100, seed=1000 + length)
             run["token_accuracy"][str(length)], run["sequence_accuracy"][str(length)] = token, sequence
-            print(f"  L={length}: token {100 * token:.1f}%  sequence {100 * sequence:.1f}%", flush=True)
+            run["pointer_hits"][str(length)] = hits
+            hits_text = "  reads on the source slot: " + ", ".join(f"{k} {100 * v:.0f}%" for k, v in hits.items()) \
+                if hits else ""
+            print(f"  L={length}: token {100 * token:.1f}%  sequence {100 * sequence:.1f}%{hits_text}", flush=True)
         results["models"][name] = run
     output = Path(args.output_dir)
     output.mkdir(parents=True, exist_ok=True)
