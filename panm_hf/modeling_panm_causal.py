@@ -163,7 +163,7 @@ class PanmForCausalLM(PanmPreTrainedModel, GenerationMixin):
         return embeddings
 
     # -- generation ------------------------------------------------------------------------------
-    def generate(self, inputs: torch.Tensor | None = None, generation_config=None, **kwargs):
+    def generate(self, *args, **kwargs):
         """`GenerationMixin.generate`, first checking that prompt + new tokens fit in `2^address_bits` slots.
 
         Padding columns shared by every prompt are not memory and do not count.
@@ -172,7 +172,7 @@ class PanmForCausalLM(PanmPreTrainedModel, GenerationMixin):
         pads = int((mask == 0).sum(dim=-1).min()) if mask is not None and mask.dim() == 2 and mask.numel() else 0
         self._generation_pad_columns = pads
         try:
-            return super().generate(inputs, generation_config, **kwargs)
+            return super().generate(*args, **kwargs)
         finally:
             self._generation_pad_columns = 0
 

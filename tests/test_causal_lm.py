@@ -162,6 +162,16 @@ def test_causal_initial_state_and_end_pointer_follows_the_newest_slot():
     torch.testing.assert_close(end_pointer, expected.expand(2, -1, -1), atol=1e-4, rtol=0)
 
 
+@pytest.mark.parametrize("options", [{}, {"pointer_update": "shift"}, {"address_distractors": 4}])
+def test_gradients_reach_every_panm_parameter(options):
+    _, model = wrap("gpt2", **options)
+    model = activate_panm(model).train()
+    input_ids, attention_mask = prompts()
+    model(input_ids=input_ids, attention_mask=attention_mask, labels=input_ids).loss.backward()
+    for name, parameter in model.panm.named_parameters():
+        assert parameter.grad is not None and parameter.grad.abs().sum() > 0, name
+
+
 CASES = [(name, "attention") for name in NAMES] + [("llama", "shift")]
 
 
