@@ -81,7 +81,7 @@ def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.parametrize("name", NAMES)
 def test_fresh_wrapper_returns_exactly_the_backbone_logits(name):
-    backbone, model = wrap(name)
+    backbone, model = wrap(name, content_read="decoder" if name == "llama" else "none")
     weights = {key: value.clone() for key, value in backbone.state_dict().items()}
     input_ids, attention_mask = prompts()
     inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids(attention_mask)}
@@ -95,9 +95,9 @@ def test_fresh_wrapper_returns_exactly_the_backbone_logits(name):
 
 
 @pytest.mark.parametrize("name", NAMES)
-@pytest.mark.parametrize("pointer_update", ["attention", "shift"])
-def test_future_tokens_do_not_change_earlier_logits(name, pointer_update):
-    _, model = wrap(name, pointer_update=pointer_update)
+@pytest.mark.parametrize("options", [{}, {"pointer_update": "shift"}, {"content_read": "decoder"}])
+def test_future_tokens_do_not_change_earlier_logits(name, options):
+    _, model = wrap(name, **options)
     model = activate_panm(model)
     input_ids, _ = prompts(batch_size=2, length=8)
     changed = input_ids.clone()
@@ -172,7 +172,9 @@ def test_gradients_reach_every_panm_parameter(options):
         assert parameter.grad is not None and parameter.grad.abs().sum() > 0, name
 
 
-CASES = [(name, "attention") for name in NAMES] + [("llama", "shift")]
+# (backbone, PANM options): the paper's Pointer Unit on every backbone, "shift", and main's content read.
+CASES = [(name, {}) for name in NAMES] + [("llama", {"pointer_update": "shift"}),
+                                          ("gpt2", {"content_read": "decoder", "panm_dropout": 0.1})]  # fmt: skip
 
 
 def greedy(model, input_ids, attention_mask, use_cache, new_tokens=8):
@@ -181,9 +183,9 @@ def greedy(model, input_ids, attention_mask, use_cache, new_tokens=8):
                           **PLAIN)  # fmt: skip
 
 
-@pytest.mark.parametrize("name,pointer_update", CASES)
-def test_greedy_with_cache_equals_without_cache(name, pointer_update):
-    _, model = wrap(name, pointer_update=pointer_update)
+@pytest.mark.parametrize("name,options", CASES)
+def test_greedy_with_cache_equals_without_cache(name, options):
+    _, model = wrap(name, **options)
     model = activate_panm(model)
     input_ids, attention_mask = prompts()
     cached = greedy(model, input_ids, attention_mask, use_cache=True)
@@ -202,9 +204,9 @@ def test_left_padded_prompts_generate_as_alone(name):
         assert torch.equal(batched[row, pads:], alone[0]), row
 
 
-@pytest.mark.parametrize("name,pointer_update", CASES)
-def test_beam_scores_equal_teacher_forced_log_probs(name, pointer_update):
-    _, model = wrap(name, pointer_update=pointer_update)
+@pytest.mark.parametrize("name,options", CASES)
+def test_beam_scores_equal_teacher_forced_log_probs(name, options):
+    _, model = wrap(name, **options)
     model = activate_panm(model)
     input_ids, attention_mask = prompts(batch_size=2)
     out = model.generate(input_ids=input_ids, attention_mask=attention_mask, num_beams=3, num_return_sequences=3,
