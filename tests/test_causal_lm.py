@@ -175,6 +175,7 @@ def test_gradients_reach_every_panm_parameter(options):
 # (backbone, PANM options): the paper's Pointer Unit on every backbone, "shift", and main's content read.
 CASES = [(name, {}) for name in NAMES] + [("llama", {"pointer_update": "shift"}),
                                           ("gpt2", {"content_read": "decoder", "panm_dropout": 0.1})]  # fmt: skip
+CASE_IDS = [f"{name}-" + ("-".join(f"{k}={v}" for k, v in options.items()) or "paper") for name, options in CASES]
 
 
 def greedy(model, input_ids, attention_mask, use_cache, new_tokens=8):
@@ -183,7 +184,7 @@ def greedy(model, input_ids, attention_mask, use_cache, new_tokens=8):
                           **PLAIN)  # fmt: skip
 
 
-@pytest.mark.parametrize("name,options", CASES)
+@pytest.mark.parametrize("name,options", CASES, ids=CASE_IDS)
 def test_greedy_with_cache_equals_without_cache(name, options):
     _, model = wrap(name, **options)
     model = activate_panm(model)
@@ -204,7 +205,7 @@ def test_left_padded_prompts_generate_as_alone(name):
         assert torch.equal(batched[row, pads:], alone[0]), row
 
 
-@pytest.mark.parametrize("name,options", CASES)
+@pytest.mark.parametrize("name,options", CASES, ids=CASE_IDS)
 def test_beam_scores_equal_teacher_forced_log_probs(name, options):
     _, model = wrap(name, **options)
     model = activate_panm(model)
