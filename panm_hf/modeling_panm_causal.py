@@ -124,15 +124,17 @@ class PanmForCausalLM(PanmPreTrainedModel, GenerationMixin):
         layer at zero, so the wrapped model starts with exactly the backbone's logits.
         """
         backbone_kwargs = backbone_kwargs or {}
-        if isinstance(backbone, (str, os.PathLike)):
-            causal_parts(AutoConfig.from_pretrained(backbone, **backbone_kwargs))  # clear error before loading
-            backbone = AutoModelForCausalLM.from_pretrained(backbone, **backbone_kwargs)
+        path = backbone if isinstance(backbone, (str, os.PathLike)) else None
+        if path is not None:
+            causal_parts(AutoConfig.from_pretrained(path, **backbone_kwargs))  # clear error before loading
+            backbone = AutoModelForCausalLM.from_pretrained(path, **backbone_kwargs)
         if not isinstance(backbone, PreTrainedModel):
             raise TypeError(
                 f"backbone must be a transformers PreTrainedModel or a path; got {type(backbone).__name__}."
             )
         config = PanmConfig(text_config=backbone.config.to_dict(), **panm_kwargs)
         model = cls(config, backbone=backbone)
+        model._take_name_or_path(backbone, path)
         return model.to(backbone.device)
 
     def get_decoder(self):
@@ -149,18 +151,6 @@ class PanmForCausalLM(PanmPreTrainedModel, GenerationMixin):
 
     def set_output_embeddings(self, value: torch.nn.Module) -> None:
         self.backbone.set_output_embeddings(value)
-
-    def resize_token_embeddings(
-        self, new_num_tokens: int | None = None, pad_to_multiple_of: int | None = None, mean_resizing: bool = True
-    ) -> torch.nn.Embedding:
-        """Resize the backbone's (tied) embeddings and LM head; the vocabulary size is updated on the
-        backbone's config, `text_config` and the outer config alike, so `save_pretrained` round-trips."""
-        embeddings = self.backbone.resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
-        vocab_size = embeddings.weight.shape[0]
-        self.config.vocab_size = vocab_size
-        self.config.text_config.vocab_size = vocab_size
-        self.vocab_size = vocab_size
-        return embeddings
 
     # -- generation ------------------------------------------------------------------------------
     def generate(self, *args, **kwargs):
