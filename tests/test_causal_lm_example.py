@@ -5,6 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,6 +26,7 @@ def test_lm_framing_of_copy_and_reverse():
         assert torch.equal((labels[row] != -100).nonzero().squeeze(1), torch.arange(length + 2, 2 * length + 2))
 
 
+@pytest.mark.smoke
 def test_smoke_run_writes_the_per_length_table(tmp_path):
     result = subprocess.run(
         [sys.executable, str(ROOT / "examples" / "causal_lm" / "run_causal_lm.py"), "--smoke", "--output-dir",
