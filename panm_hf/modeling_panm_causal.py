@@ -72,9 +72,10 @@ class PanmForCausalLM(PanmPreTrainedModel, GenerationMixin):
             (see `panm_hf.backbones.CAUSAL_BACKBONES`); `placement` must be `"stack"`.
         backbone: an already built `...ForCausalLM` (used by `from_backbone`); built from
             `config.text_config` when None.
-    """
 
-    accepts_loss_kwargs = False
+    `PanmForCausalLM.from_backbone(model_or_path, **panm_kwargs)` (from `PanmPreTrainedModel`) wraps a
+    loaded or saved causal LM; only PANM's weights are new.
+    """
 
     def __init__(self, config: PanmConfig, backbone: PreTrainedModel | None = None):
         super().__init__(config)
@@ -93,9 +94,7 @@ class PanmForCausalLM(PanmPreTrainedModel, GenerationMixin):
             )
         self.backbone = backbone
         hidden_size = get_path(config.text_config, self.parts.hidden_size)
-        self.panm = PanmMemory(
-            memory_dim=hidden_size, decoder_input_size=hidden_size, output_size=hidden_size, **config.panm_kwargs()
-        )
+        self.panm = PanmMemory(config, memory_dim=hidden_size, decoder_input_size=hidden_size, output_size=hidden_size)
         self._generation_pad_columns = 0
         self.post_init()
 
@@ -105,52 +104,13 @@ class PanmForCausalLM(PanmPreTrainedModel, GenerationMixin):
 
     # -- HF plumbing ---------------------------------------------------------------------------
     @classmethod
-    def from_backbone(
-        cls,
-        backbone: PreTrainedModel | str | os.PathLike,
-        *,
-        backbone_kwargs: dict | None = None,
-        **panm_kwargs,
-    ) -> PanmForCausalLM:
-        """Wrap a pretrained causal LM with a freshly initialised PANM.
-
-        Args:
-            backbone: a loaded `...ForCausalLM`, or a local folder / Hub id for
-                `AutoModelForCausalLM.from_pretrained`.
-            backbone_kwargs: extra arguments for those `from_pretrained` calls (`dtype`, `revision`, ...).
-            **panm_kwargs: `PanmConfig` fields (`address_bits`, `scoring`, `pointer_update`, ...).
-
-        The backbone's weights are kept as loaded; only PANM's are initialised, with `g^o`'s last
-        layer at zero, so the wrapped model starts with exactly the backbone's logits.
-        """
-        backbone_kwargs = backbone_kwargs or {}
-        path = backbone if isinstance(backbone, (str, os.PathLike)) else None
-        if path is not None:
-            causal_parts(AutoConfig.from_pretrained(path, **backbone_kwargs))  # clear error before loading
-            backbone = AutoModelForCausalLM.from_pretrained(path, **backbone_kwargs)
-        if not isinstance(backbone, PreTrainedModel):
-            raise TypeError(
-                f"backbone must be a transformers PreTrainedModel or a path; got {type(backbone).__name__}."
-            )
-        config = PanmConfig(text_config=backbone.config.to_dict(), **panm_kwargs)
-        model = cls(config, backbone=backbone)
-        model._take_name_or_path(backbone, path)
-        return model.to(backbone.device)
+    def _load_backbone(cls, path: str | os.PathLike, **kwargs) -> PreTrainedModel:
+        """A causal LM (`AutoModelForCausalLM`); an unsupported kind is refused before its weights load."""
+        causal_parts(AutoConfig.from_pretrained(path, **kwargs))
+        return AutoModelForCausalLM.from_pretrained(path, **kwargs)
 
     def get_decoder(self):
         return get_path(self.backbone, self.parts.body)
-
-    def get_input_embeddings(self) -> torch.nn.Module:
-        return self.backbone.get_input_embeddings()
-
-    def set_input_embeddings(self, value: torch.nn.Module) -> None:
-        self.backbone.set_input_embeddings(value)
-
-    def get_output_embeddings(self) -> torch.nn.Module:
-        return self.backbone.get_output_embeddings()
-
-    def set_output_embeddings(self, value: torch.nn.Module) -> None:
-        self.backbone.set_output_embeddings(value)
 
     # -- generation ------------------------------------------------------------------------------
     def generate(self, *args, **kwargs):
@@ -259,9 +219,7 @@ class PanmForCausalLM(PanmPreTrainedModel, GenerationMixin):
         if labels is not None and past_key_values is None:
             use_cache = False
         use_cache = use_cache if use_cache is not None else getattr(self.config.text_config, "use_cache", True)
-        extra = {"output_attentions": True} if output_attentions else {}
-        if output_hidden_states:
-            extra["output_hidden_states"] = True
+        extra = self._output_flags(output_attentions, output_hidden_states)
 
         cache = PanmDynamicCache.from_cache(past_key_values) if use_cache else None
         past_length = cache.get_seq_length() if cache is not None else 0

@@ -1,6 +1,6 @@
 """Length generalisation of a decoder-only LM, with and without PANM (issue 16's example).
 
-An algorithmic task of the suite (`panm_hf.tasks.algorithmic`) framed as language modelling:
+An algorithmic task of the suite (`research/algorithmic.py`) framed as language modelling:
 each sample is one token sequence ``BOS x_1 .. x_l SEP y_1 .. y_l`` (Copy: ``y = x``; Reverse:
 ``y`` reversed), the loss is on the ``y`` part only (``-100`` elsewhere). A small GPT-2 built
 from its config (learned position embeddings) is trained on ``l`` in ``1..L`` for a fixed
@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import sys
 import time
 from pathlib import Path
 
@@ -30,7 +31,9 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
 from panm_hf import PanmForCausalLM
-from panm_hf.tasks.algorithmic import NUM_TOKENS, make_batch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the research/ package beside panm_hf
+from research.algorithmic import NUM_TOKENS, make_batch  # noqa: E402
 
 SEP, BOS, PAD = NUM_TOKENS, NUM_TOKENS + 1, NUM_TOKENS + 2  # tokens 0..9 are the task's symbols
 VOCAB = NUM_TOKENS + 3
