@@ -38,7 +38,14 @@ from transformers import (
 from panm_hf import PanmMemoryConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "translation"))
-from run_translation import MODELS, apply_smoke, backbone_config, build_model, validate_model_args  # noqa: E402
+from run_translation import (  # noqa: E402
+    MODELS,
+    RECOMMENDED_PANM_FLAGS,
+    apply_smoke,
+    backbone_config,
+    build_model,
+    validate_model_args,
+)
 from run_translation import ModelArguments as TranslationModelArguments  # noqa: E402
 
 MODULES = ("add_or_sub", "place_value")
@@ -168,6 +175,7 @@ def run_one(
 
 def main(argv: list[str] | None = None) -> dict:
     parser = HfArgumentParser((ModelArguments, PanmMemoryConfig, DataArguments, Seq2SeqTrainingArguments))
+    parser.set_defaults(**RECOMMENDED_PANM_FLAGS)
     model_args, panm_args, data_args, training_args = parser.parse_args_into_dataclasses(args=argv)
     if data_args.smoke:
         apply_smoke(SMOKE_OVERRIDES, model_args, panm_args, data_args, training_args)
