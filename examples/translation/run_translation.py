@@ -5,9 +5,9 @@ The pooled data are sorted by source length; models train on the shortest `--spl
 and are tested on the longest rest. Both models share the backbone config, the tokenizer
 (trained here on the training split), the data and the training budget; the PANM model
 is the same backbone with PANM's Controller as its last decoder layer (`--placement
-residual`, the measured best and the default; `replace`, the paper's setup; or `stack`). Reports test perplexity (per epoch and final)
-and sacreBLEU, writes them to `<output_dir>/results.json`, and with `--plot` draws the
-per-epoch test perplexity of both models.
+residual`, the measured best and the default; `replace`, the paper's setup; or `stack`).
+Reports test perplexity (per epoch and final) and sacreBLEU, writes them to
+`<output_dir>/results.json`, and with `--plot` draws the per-epoch test perplexity of both models.
 
     python examples/translation/run_translation.py --data_dir ../shared/data/multi30k \
         --output_dir runs/mt --model both --smoke
