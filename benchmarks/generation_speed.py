@@ -10,12 +10,16 @@ tokens/s = batch * new_tokens / seconds compares like with like. Prints a Markdo
 from __future__ import annotations
 
 import argparse
-import time
+import sys
+from pathlib import Path
 
 import torch
 from transformers import AutoModelForSeq2SeqLM, MarianConfig
 
 from panm_hf import PanmConfig, PanmForSeq2SeqLM
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # timing.py beside this script
+from timing import time_interleaved  # noqa: E402
 
 
 def build_models(d_model: int, num_layers: int, vocab_size: int) -> dict:
@@ -49,13 +53,9 @@ def tokens_per_second(model, input_ids, *, num_beams: int, use_cache: bool, new_
     }
     with torch.no_grad():
         model.generate(input_ids=input_ids, **{**kwargs, "max_new_tokens": 2, "min_new_tokens": 2})  # warm-up
-        best = float("inf")
-        for _ in range(repeats):
-            start = time.perf_counter()
-            output = model.generate(input_ids=input_ids, **kwargs)
-            best = min(best, time.perf_counter() - start)
-    generated = output.shape[0] * (output.shape[1] - 1)
-    return generated / best
+        best = time_interleaved({"generate": lambda: model.generate(input_ids=input_ids, **kwargs)}, repeats, 0,
+                                reduce=min)["generate"]
+    return input_ids.shape[0] * new_tokens / best  # min_new_tokens = max_new_tokens: every row generates them all
 
 
 def main() -> None:

@@ -30,10 +30,8 @@ import argparse
 import json
 import platform
 import resource
-import statistics
 import subprocess
 import sys
-import time
 import warnings
 from pathlib import Path
 
@@ -53,6 +51,9 @@ from panm_hf import PanmConfig, PanmForCausalLM, PanmForSeq2SeqLM
 from panm_hf.modeling_panm_qa import BertWithPanmForQuestionAnswering
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the research/ package beside panm_hf
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # timing.py beside this script
+from timing import time_interleaved  # noqa: E402
+
 from research import build_model, make_batch, task_spec  # noqa: E402
 
 SEQ2SEQ = dict(vocab_size=8000, d_model=512, encoder_layers=3, decoder_layers=3, encoder_attention_heads=8,
@@ -142,32 +143,11 @@ VARIANTS = {"lstm": ["backbone", "panm"], "seq2seq": ["backbone", "panm-stack", 
             "qa": ["backbone", "panm"], "causal": ["backbone", "panm"]}
 
 
-def sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
-
-
 def train_step(model, loss_fn, optimizer) -> None:
     loss = loss_fn(model)
     loss.backward()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-
-
-def time_interleaved(runs: dict, repeats: int, warmup: int, device: str) -> dict:
-    """`runs`: name -> zero-arg callable. Returns name -> median seconds."""
-    for _ in range(warmup):
-        for fn in runs.values():
-            fn()
-    times = {name: [] for name in runs}
-    for _ in range(repeats):
-        for name, fn in runs.items():
-            sync(device)
-            start = time.perf_counter()
-            fn()
-            sync(device)
-            times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(values) for name, values in times.items()}
 
 
 def bench_train(case: str, args) -> dict:

@@ -6,26 +6,20 @@
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the research/ package beside panm_hf
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # timing.py beside this script
+from timing import time_interleaved  # noqa: E402
+
 from research import build_model, make_batch, task_spec  # noqa: E402
 
 
 def median_ms(fn, repeats: int = 30) -> float:
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
+    return time_interleaved({"run": fn}, repeats, warmup=3)["run"] * 1e3
 
 
 def main() -> None:

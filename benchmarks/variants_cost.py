@@ -10,15 +10,18 @@ reports medians and the ratio variant / faithful.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
-import statistics
 import sys
-import time
+from functools import partial
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the research/ package beside panm_hf
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # timing.py beside this script
+from timing import time_interleaved  # noqa: E402
+
 from research import build_model, make_batch, task_spec  # noqa: E402
 from research.harness import sequence_loss  # noqa: E402
 from research.models import PANM_VARIANTS  # noqa: E402
@@ -45,23 +48,18 @@ def main() -> None:
         make_batch(args.task, args.batch_size, spec.train_length_range, generator=generator) for _ in range(8)
     ]
 
-    def step(name: str, index: int) -> float:
-        batch = batches[index % len(batches)]
-        start = time.perf_counter()
+    calls = {name: itertools.count() for name in models}  # each variant walks the same batches in order
+
+    def step(name: str) -> None:
+        batch = batches[next(calls[name]) % len(batches)]
         logits = models[name](batch.inputs, batch.attention_mask, batch.labels.shape[1], generator=generator).logits
         loss = sequence_loss(logits, batch.labels)
         optimizers[name].zero_grad(set_to_none=True)
         loss.backward()
         optimizers[name].step()
-        return time.perf_counter() - start
 
-    times = {name: [] for name in models}
-    for index in range(args.warmup + args.repeats):
-        for name in models:
-            elapsed = step(name, index)
-            if index >= args.warmup:
-                times[name].append(elapsed)
-    medians = {name: statistics.median(values) * 1e3 for name, values in times.items()}
+    seconds = time_interleaved({name: partial(step, name) for name in models}, args.repeats, args.warmup)
+    medians = {name: value * 1e3 for name, value in seconds.items()}
     result = {
         "task": args.task,
         "batch_size": args.batch_size,
