@@ -20,6 +20,20 @@ def load_overhead():
     return module
 
 
+def test_time_interleaved_warms_up_interleaves_and_reduces():
+    overhead = load_overhead()  # puts benchmarks/ on sys.path, where timing.py lives
+    from timing import time_interleaved
+
+    calls = []
+    runs = {"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}
+    counts = time_interleaved(runs, repeats=3, warmup=2, reduce=len)
+    assert counts == {"a": 3, "b": 3}  # only the repeats are timed
+    assert calls == ["a", "b"] * 5  # warm-up and repeats, each run once per round, in turn
+    assert overhead.time_interleaved is time_interleaved
+    with pytest.raises(ValueError, match="repeats"):
+        time_interleaved(runs, repeats=0, warmup=0)
+
+
 def test_step_cost_counts_forward_and_backward_matmuls():
     overhead = load_overhead()
     layer = torch.nn.Linear(8, 5)
