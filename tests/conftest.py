@@ -118,3 +118,27 @@ def activate_panm(model, seed=1):
         layer.weight.copy_(torch.randn(layer.weight.shape, generator=generator) * 0.5)
         layer.bias.copy_(torch.randn(layer.bias.shape, generator=generator) * 0.5)
     return model
+
+
+_BLOCK_PANM_HF = """
+import sys
+class _BlockPanm:
+    def find_spec(self, name, path=None, target=None):
+        if name == "panm_hf" or name.startswith("panm_hf."):
+            raise ImportError("panm_hf is blocked in this process")
+sys.meta_path.insert(0, _BlockPanm())
+"""
+
+
+def run_without_panm_hf(body: str, tmp_path) -> list[str]:
+    """Run `body` in a fresh Python where panm_hf cannot be imported (what a trust_remote_code user has);
+    return its stdout's words. The test fails with the child's stderr if it exits non-zero."""
+    import os
+    import subprocess
+    import textwrap
+
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_MODULES_CACHE=str(tmp_path / "modules"))
+    script = _BLOCK_PANM_HF + textwrap.dedent(body) + '\nassert "panm_hf" not in sys.modules\n'
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout.split()

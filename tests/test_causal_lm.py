@@ -7,13 +7,9 @@ mask, a lost or stale cached state, a state left in the old beam order).
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import textwrap
-
 import pytest
 import torch
+from conftest import run_without_panm_hf
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
@@ -287,28 +283,20 @@ def test_trust_remote_code_loads_without_panm_hf(tmp_path):
     input_ids, attention_mask = prompts()
     expected = greedy(model, input_ids, attention_mask, use_cache=True, new_tokens=4)
     torch.save({"input_ids": input_ids, "attention_mask": attention_mask, "expected": expected}, tmp_path / "probe.pt")
-    script = textwrap.dedent(
+    words = run_without_panm_hf(
         f"""
-        import sys, torch
-        class BlockPanm:
-            def find_spec(self, name, path=None, target=None):
-                if name == "panm_hf" or name.startswith("panm_hf."):
-                    raise ImportError("panm_hf is blocked in this process")
-        sys.meta_path.insert(0, BlockPanm())
+        import torch
         from transformers import AutoModelForCausalLM
         model = AutoModelForCausalLM.from_pretrained({str(tmp_path)!r}, trust_remote_code=True).eval()
         probe = torch.load({str(tmp_path / "probe.pt")!r})
         out = model.generate(input_ids=probe["input_ids"], attention_mask=probe["attention_mask"], max_new_tokens=4,
                              min_new_tokens=4, do_sample=False, min_length=0, no_repeat_ngram_size=0,
                              repetition_penalty=1.0)
-        assert "panm_hf" not in sys.modules
         print(type(model).__module__, torch.equal(out, probe["expected"]))
-        """
+        """,
+        tmp_path,
     )
-    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_MODULES_CACHE=str(tmp_path / "modules"))
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=tmp_path)
-    assert result.returncode == 0, result.stderr[-2000:]
-    module, equal = result.stdout.split()[-2:]
+    module, equal = words[-2:]
     assert module.startswith("transformers_modules") and equal == "True"
 
 

@@ -1,13 +1,9 @@
 """PanmForSeq2SeqLM on tiny BART / T5 / Marian (and mBART, bert2bert) backbones."""
 
-import os
-import subprocess
-import sys
-import textwrap
 
 import pytest
 import torch
-from conftest import BACKBONES, TINY_PANM, VOCAB, activate_panm, make_inputs
+from conftest import BACKBONES, TINY_PANM, VOCAB, activate_panm, make_inputs, run_without_panm_hf
 from transformers import AutoConfig, AutoModelForSeq2SeqLM, BertConfig
 
 import panm_hf  # noqa: F401  (registers the Auto classes)
@@ -187,27 +183,19 @@ def test_trust_remote_code_loads_without_panm_hf(tmp_path):
     with torch.no_grad():
         expected = model(input_ids=input_ids, labels=labels).logits
     torch.save({"input_ids": input_ids, "labels": labels, "logits": expected}, tmp_path / "probe.pt")
-    script = textwrap.dedent(
+    words = run_without_panm_hf(
         f"""
-        import sys, torch
-        class BlockPanm:
-            def find_spec(self, name, path=None, target=None):
-                if name == "panm_hf" or name.startswith("panm_hf."):
-                    raise ImportError("panm_hf is blocked in this process")
-        sys.meta_path.insert(0, BlockPanm())
+        import torch
         from transformers import AutoModelForSeq2SeqLM
         model = AutoModelForSeq2SeqLM.from_pretrained({str(tmp_path)!r}, trust_remote_code=True).eval()
         probe = torch.load({str(tmp_path / "probe.pt")!r})
         with torch.no_grad():
             logits = model(input_ids=probe["input_ids"], labels=probe["labels"]).logits
-        assert "panm_hf" not in sys.modules
         print(type(model).__module__, torch.equal(logits, probe["logits"]))
-        """
+        """,
+        tmp_path,
     )
-    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_MODULES_CACHE=str(tmp_path / "modules"))
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=tmp_path)
-    assert result.returncode == 0, result.stderr[-2000:]
-    module, equal = result.stdout.split()[-2:]
+    module, equal = words[-2:]
     assert module.startswith("transformers_modules") and equal == "True"
 
 

@@ -6,13 +6,12 @@ import gzip
 import json
 import os
 import random
-import subprocess
 import sys
-import textwrap
 
 import numpy as np
 import pytest
 import torch
+from conftest import run_without_panm_hf
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import (
     AutoModelForQuestionAnswering,
@@ -195,17 +194,8 @@ def test_trust_remote_code_loading_without_panm_hf(tmp_path):
     assert os.path.isfile(tmp_path / "model" / "modeling_panm_qa.py")
     input_ids = torch.randint(1, 99, (2, 8))
     torch.save({"input_ids": input_ids, "start_logits": model(input_ids=input_ids).start_logits}, tmp_path / "io.pt")
-    script = textwrap.dedent(
+    words = run_without_panm_hf(
         f"""
-        import sys, importlib.abc
-
-        class BlockPanm(importlib.abc.MetaPathFinder):
-            def find_spec(self, name, path=None, target=None):
-                if name == "panm_hf" or name.startswith("panm_hf."):
-                    raise ImportError("panm_hf is blocked in this test")
-                return None
-
-        sys.meta_path.insert(0, BlockPanm())
         import torch
         from transformers import AutoModelForQuestionAnswering
         try:
@@ -219,12 +209,10 @@ def test_trust_remote_code_loading_without_panm_hf(tmp_path):
         start_logits = model(input_ids=io["input_ids"]).start_logits
         assert "panm_hf" not in type(model).__module__, type(model).__module__
         print(type(model).__name__, float((start_logits - io["start_logits"]).abs().max()))
-        """
+        """,
+        tmp_path,
     )
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(tmp_path / "modules")}
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=tmp_path)
-    assert result.returncode == 0, result.stderr[-3000:]
-    name, max_difference = result.stdout.split()[-2:]
+    name, max_difference = words[-2:]
     assert name == "BertWithPanmForQuestionAnswering"
     assert float(max_difference) < 1e-5
 
