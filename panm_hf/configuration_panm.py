@@ -10,6 +10,8 @@ from transformers.configuration_utils import SubConfigSpec
 from .memory_config import PanmMemoryConfig
 
 PLACEMENTS = ("stack", "replace", "residual")
+# The placements in which the Controller takes the place of the backbone's last decoder layer.
+LAYER_REPLACING_PLACEMENTS = ("replace", "residual")
 # Attributes read from the outer config by Trainer, Seq2SeqTrainer, generate() and weight tying.
 MIRRORED_ATTRIBUTES = (
     "pad_token_id",
@@ -76,6 +78,11 @@ class PanmConfig(PreTrainedConfig, PanmMemoryConfig):
         """PreTrainedConfig's checks (run by `save_pretrained`) and PANM's."""
         super().validate()
         self.validate_panm()
+
+    @property
+    def replaces_last_decoder_layer(self) -> bool:
+        """True when `placement` puts the Controller in place of the backbone's last decoder layer."""
+        return self.placement in LAYER_REPLACING_PLACEMENTS
 
     @property
     def memory_config(self) -> PanmMemoryConfig:

@@ -206,18 +206,20 @@ class PanmForSeq2SeqLM(PanmPreTrainedModel, GenerationMixin):
     def __init__(self, config: PanmConfig, backbone: PreTrainedModel | None = None):
         super().__init__(config)
         self.parts = seq2seq_parts(config.text_config)
-        if backbone is None:
+        built_here = backbone is None
+        if built_here:
             backbone = AutoModelForSeq2SeqLM.from_config(config.text_config)
-        if config.placement in ("replace", "residual"):
+        if config.replaces_last_decoder_layer:
             layers = get_path(backbone, self.parts.decoder_layers)
             if len(layers) < 2:
                 raise ValueError(
                     f"placement={config.placement!r} removes the backbone's last decoder layer, but it has "
-                    f"{len(layers)}; "
-                    "use placement='stack' or a backbone with at least 2 decoder layers."
+                    f"{len(layers)}; use placement='stack' or a backbone with at least 2 decoder layers."
                 )
-            # A caller's backbone keeps all its layers; the wrapper shares their weights.
-            backbone = without_last_layer(backbone, self.parts.decoder_layers)
+            if built_here:
+                del layers[-1]
+            else:  # a caller's backbone keeps all its layers; the wrapper shares their weights
+                backbone = without_last_layer(backbone, self.parts.decoder_layers)
         self.backbone = backbone
         decoder_dim = get_path(config.text_config, self.parts.decoder_dim)
         self.panm = PanmMemory(

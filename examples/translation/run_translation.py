@@ -43,6 +43,7 @@ from transformers import (
 )
 
 from panm_hf import PanmConfig, PanmForSeq2SeqLM, PanmMemoryConfig
+from panm_hf.configuration_panm import LAYER_REPLACING_PLACEMENTS
 
 MODELS = ("transformer", "panm")
 BACKBONES = ("marian", "bart", "t5")
@@ -125,7 +126,7 @@ def validate_model_args(model_args: ModelArguments) -> None:
         raise ValueError(f"--backbone must be one of {BACKBONES} (got {model_args.backbone!r}).")
     if not 1 <= model_args.num_layers:
         raise ValueError(f"--num_layers must be >= 1 (got {model_args.num_layers}).")
-    drops_a_layer = model_args.placement in ("replace", "residual")
+    drops_a_layer = model_args.placement in LAYER_REPLACING_PLACEMENTS
     if drops_a_layer and model_args.num_layers < 2 and model_args.model != "transformer":
         raise ValueError(
             f"--placement {model_args.placement} removes the last of --num_layers decoder layers, so it needs "
