@@ -18,19 +18,14 @@ import json
 
 import numpy as np
 from transformers import AutoTokenizer
-from utils_qa import length_split, load_squad_examples
+from utils_qa import _tokenize_windows, length_split, load_squad_examples
 
 
 def window_lengths(examples: list[dict], tokenizer, max_seq_length: int, doc_stride: int) -> np.ndarray:
-    """Token count (padding excluded) of every window of `examples`."""
-    encoded = tokenizer(
-        [example["question"].lstrip() for example in examples],
-        [example["context"] for example in examples],
-        truncation="only_second",
-        max_length=max_seq_length,
-        stride=doc_stride,
-        return_overflowing_tokens=True,
-    )
+    """Token count (padding excluded) of every window of `examples`, windowed exactly as run_qa.py does."""
+    batch = {"question": [example["question"] for example in examples],
+             "context": [example["context"] for example in examples]}  # fmt: skip
+    encoded = _tokenize_windows(batch, tokenizer, max_seq_length, doc_stride, pad_to_max_length=False)
     return np.array([len(ids) for ids in encoded["input_ids"]])
 
 
