@@ -319,6 +319,25 @@ def test_windows_map_answers_to_tokens(squad_dir):
     assert found >= len(examples)
 
 
+def test_window_lengths_counts_the_windows_run_qa_trains_on(squad_dir):
+    from window_lengths import main as window_lengths_main
+    from window_lengths import window_lengths
+
+    root, data_file, tokenizer = squad_dir
+    examples = load_squad_examples(data_file)[-4:]
+    lengths = window_lengths(examples, tokenizer, max_seq_length=32, doc_stride=8)
+    batch = {key: [ex[key] for ex in examples] for key in examples[0]}
+    features = prepare_train_features(batch, tokenizer, max_seq_length=32, doc_stride=8, pad_to_max_length=False)
+    assert lengths.tolist() == [len(ids) for ids in features["input_ids"]]  # the same windows as training
+    assert lengths.max() == 32 and len(lengths) > len(examples)
+    report = window_lengths_main(["--data_file", str(data_file), "--model_name_or_path", str(root / "model"),
+                                  "--train_fraction", "0.5", "--max_seq_length", "32", "--doc_stride", "8"])
+    for part in ("train", "test"):
+        assert report[part]["windows"] >= report[part]["questions"] > 0
+        assert 0.0 <= report[part]["share_of_windows_at_max_seq_length"] <= 1.0
+    assert report["test"]["token_length_percentiles_5_50_95_100"][-1] <= 32
+
+
 def test_postprocess_skips_question_tokens_and_long_spans():
     examples = [{"id": "a", "context": "red cat blue dog"}]
     # tokens: [CLS] q [SEP] red cat blue dog [SEP]; only 3..6 are context tokens
