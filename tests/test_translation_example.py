@@ -55,6 +55,18 @@ def test_smoke_run_writes_finite_perplexity_and_bleu(tmp_path):
         # BLEU is decoded with the cache (a config shared between the two models once lost it)
         assert json.loads((tmp_path / name / "generation_config.json").read_text())["use_cache"] is True
     assert summary["results"]["panm"]["num_parameters"] != summary["results"]["transformer"]["num_parameters"]
+    assert summary["placement"] == "residual"  # the example's default: the measured best integration
+
+    # ablate_reads.py rebuilds the same test split from results.json and scores the saved models
+    import ablate_reads
+
+    report = ablate_reads.main(["--run_dir", str(tmp_path), "--data_dir", str(DATA_DIR)])
+    assert set(report) == {"transformer", "panm", "panm without Controller output", "panm without pointer reads"}
+    for table in report.values():
+        assert table["all"]["n"] == 24 and math.isfinite(table["all"]["perplexity"])
+        assert sum(row["n"] for bucket, row in table.items() if bucket != "all") == 24
+    assert report["panm without Controller output"]["all"] != report["panm"]["all"]
+    assert report["panm without pointer reads"]["all"] != report["panm"]["all"]
 
 
 def test_plot_runs_merges_result_files_with_distinct_labels(tmp_path):
