@@ -62,11 +62,33 @@ def test_smoke_run_writes_finite_perplexity_and_bleu(tmp_path):
 
     report = ablate_reads.main(["--run_dir", str(tmp_path), "--data_dir", str(DATA_DIR)])
     assert set(report) == {"transformer", "panm", "panm without Controller output", "panm without pointer reads"}
-    for table in report.values():
-        assert table["all"]["n"] == 24 and math.isfinite(table["all"]["perplexity"])
-        assert sum(row["n"] for bucket, row in table.items() if bucket != "all") == 24
-    assert report["panm without Controller output"]["all"] != report["panm"]["all"]
-    assert report["panm without pointer reads"]["all"] != report["panm"]["all"]
+    num_target_tokens = None
+    for tables in report.values():
+        by_source, by_position = tables["source_words"], tables["target_positions"]
+        assert by_source["all"]["n"] == 24 and math.isfinite(by_source["all"]["perplexity"])
+        assert sum(row["n"] for bucket, row in by_source.items() if bucket != "all") == 24
+        # the position buckets partition the same test tokens
+        tokens = sum(row["tokens"] for row in by_position.values())
+        assert tokens > 24 and tokens == (num_target_tokens or tokens)
+        num_target_tokens = tokens
+    assert report["panm without Controller output"]["source_words"]["all"] != report["panm"]["source_words"]["all"]
+    assert report["panm without pointer reads"]["source_words"]["all"] != report["panm"]["source_words"]["all"]
+    # the same run given twice: its models are told apart by directory, and score the same
+    twice = ablate_reads.main(["--run_dir", str(tmp_path), str(tmp_path), "--data_dir", str(DATA_DIR)])
+    name = f"transformer@{tmp_path.name}"
+    assert twice[name] == report["transformer"]
+
+
+def test_ablate_reads_refuses_runs_tested_on_different_splits(tmp_path):
+    import ablate_reads
+
+    for name, ratio in (("a", 0.5), ("b", 0.8)):
+        (tmp_path / name).mkdir()
+        data_args = {"split_ratio": ratio, "max_test_samples": 500, "max_pool_samples": None,
+                     "source_lang": "en", "target_lang": "de"}  # fmt: skip
+        (tmp_path / name / "results.json").write_text(json.dumps({"data_args": data_args, "results": {}}))
+    with pytest.raises(ValueError, match="--run_dir: the runs were tested on different splits"):
+        ablate_reads.main(["--run_dir", str(tmp_path / "a"), str(tmp_path / "b"), "--data_dir", str(DATA_DIR)])
 
 
 def test_plot_runs_merges_result_files_with_distinct_labels(tmp_path):
