@@ -64,8 +64,8 @@ def test_every_memory_field_is_a_panm_config_field_with_the_same_default():
         assert config_fields[field.name].default == field.default, field.name
         assert field.metadata.get("help"), f"{field.name} has no help for HfArgumentParser"
     assert PanmConfig().memory_config == PanmMemoryConfig()
-    assert len(MEMORY_FIELDS) == 14 and set(CHOICE_FIELDS) == {
-        "scoring", "controller_init", "pointer_update", "content_read"
+    assert len(MEMORY_FIELDS) == 15 and set(CHOICE_FIELDS) == {
+        "scoring", "controller_init", "pointer_update", "content_read", "pointer_kernel"
     }  # fmt: skip
 
 

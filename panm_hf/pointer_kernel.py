@@ -1,0 +1,272 @@
+"""The fused Pointer-Unit recurrence: all decoding steps in one kernel, its backward in another.
+
+`PointerUnits.forward` runs a Python loop over decoding steps (a grouped GRU cell and an address
+attention per step, ~25 kernels forward and ~2x that backward). The loop never sees memory content
+(principle II) and its shapes are fixed per (batch, slots, steps), so the whole recurrence can run as
+one kernel. Here that kernel is a small C source (`csrc/pointer_recurrence.c`, plain loops, no torch
+headers) compiled once per machine with the system C compiler into a per-user cache, keyed by a hash
+of the source, the flags and the CPU, and called through ctypes on contiguous CPU tensors.
+
+It is exposed as two `torch.library` custom ops, `panm_hf::pointer_recurrence` (forward: weights,
+final pointers and hidden, plus the per-step states the backward needs) and
+`panm_hf::pointer_recurrence_backward`, wired with `register_autograd`, with fake (meta) kernels
+so `torch.compile` can trace through them. Scope: `pointer_update="attention"` with a (batch, slots)
+mask on CPU in float32/float64; everything else runs the eager loop, which stays the reference
+(`PanmMemoryConfig.pointer_kernel`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+SOURCE = Path(__file__).resolve().parent / "csrc" / "pointer_recurrence.c"
+DTYPES = {torch.float32: "float32", torch.float64: "float64"}
+_FLAGS = ["-O3", "-shared", "-fPIC"]
+_NATIVE = ["-march=native"]
+
+
+def cache_dir() -> Path:
+    """Where compiled kernels live: `$PANM_HF_CACHE`, else `$XDG_CACHE_HOME/panm_hf`, else `~/.cache/panm_hf`."""
+    if os.environ.get("PANM_HF_CACHE"):
+        return Path(os.environ["PANM_HF_CACHE"])
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "panm_hf"
+
+
+def find_compiler() -> str | None:
+    """The C compiler used to build the kernel: `$CC`, else `cc`, else `gcc`; None when there is none."""
+    for name in (os.environ.get("CC"), "cc", "gcc"):
+        if name and shutil.which(name):
+            return shutil.which(name)
+    return None
+
+
+def _cpu_name() -> str:
+    try:  # -march=native code must not be reused on another CPU sharing the cache
+        with open("/proc/cpuinfo") as info:
+            return next((line for line in info if line.startswith(("model name", "flags"))), "")
+    except OSError:
+        return platform.processor()
+
+
+@functools.cache
+def load_library(dtype_name: str) -> ctypes.CDLL | str:
+    """The compiled kernel for `"float32"` or `"float64"`, or a string saying why it is unavailable."""
+    compiler = find_compiler()
+    if compiler is None:
+        return "no C compiler found (set $CC or install cc/gcc)"
+    if not SOURCE.exists():  # e.g. a trust_remote_code copy of the modules without csrc/
+        return f"the kernel source {SOURCE} is missing"
+    source = SOURCE.read_text()
+    defines = ["-DUSE_DOUBLE"] if dtype_name == "float64" else []
+    key = hashlib.sha256("\n".join([source, compiler, *_FLAGS, *defines, platform.machine(), _cpu_name()]).encode())
+    target = cache_dir() / f"pointer_recurrence_{dtype_name}_{key.hexdigest()[:16]}.so"
+    if not target.exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
+            built = Path(scratch) / target.name
+            errors = ""
+            for extra in (_NATIVE, []):  # -march=native where the compiler knows it
+                result = subprocess.run([compiler, *_FLAGS, *extra, *defines, str(SOURCE), "-o", str(built), "-lm"],
+                                        capture_output=True, text=True)
+                if result.returncode == 0:
+                    break
+                errors = result.stderr.strip()
+            else:
+                return f"compiling {SOURCE.name} with {compiler} failed: {errors[-500:]}"
+            os.replace(built, target)  # atomic: concurrent processes never load a half-written file
+    library = ctypes.CDLL(str(target))
+    long, ptr = ctypes.c_long, ctypes.c_void_p
+    dims = [long] * 6 + [ctypes.c_int, ctypes.c_double]  # units, batch, steps, slots, bits, hidden, cosine, tau
+    library.pointer_forward.argtypes = dims + [ptr, ptr, ptr, long, long] + [ptr] * 14
+    library.pointer_forward.restype = None
+    library.pointer_backward.argtypes = dims + [ptr, long, long] + [ptr] * 21
+    library.pointer_backward.restype = None
+    return library
+
+
+def unavailable_reason(dtype: torch.dtype, device: torch.device) -> str | None:
+    """Why the fused kernel cannot run for tensors of this dtype and device; None when it can."""
+    if device.type != "cpu":
+        return f"no fused kernel for device {device.type!r} (CPU only)"
+    if dtype not in DTYPES:
+        return f"no fused kernel for dtype {dtype} (float32 and float64 only)"
+    library = load_library(DTYPES[dtype])
+    return library if isinstance(library, str) else None
+
+
+def _ptr(tensor: Tensor | None) -> int | None:
+    return None if tensor is None else tensor.data_ptr()
+
+
+def pointer_recurrence(
+    pointers: Tensor,
+    hidden: Tensor,
+    keys: Tensor,
+    bank: Tensor,
+    mask: Tensor,
+    input_weight: Tensor,
+    input_bias: Tensor,
+    hidden_weight: Tensor,
+    hidden_bias: Tensor,
+    inverse_temperature: Tensor | None,
+    num_steps: int,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """All `num_steps` Pointer-Unit updates (Eqs. 1-3) in one kernel.
+
+    Args:
+        pointers: `(batch, units, bits)` `p_0`.  hidden: `(batch, units, hidden)` `h_0`.
+        keys: `(batch, units, slots, hidden)` prepared address keys.  bank: `(batch, slots, bits)` `A`.
+        mask: `(batch, slots)` bool.  input_weight/bias, hidden_weight/bias: the grouped GRU's
+        `(units, bits|hidden, 3 hidden)` / `(units, 3 hidden)`.  inverse_temperature: `()` for cosine
+        scoring, None for dot (the keys then carry `1/sqrt(hidden)`).
+
+    Returns:
+        `(weights (batch, steps, units, slots), pointers (batch, units, bits), hidden (batch, units, hidden))`
+        and, for the backward, the states `h_0..h_T`, `p_0..p_T`, the gates `r|z|n|gh_n`, the norms of
+        `h_t` and the softmax probabilities.
+    """
+    library = load_library(DTYPES[keys.dtype])
+    batch, units, slots, size = keys.shape
+    bits = bank.shape[-1]
+    pointers, hidden, bank = pointers.contiguous(), hidden.contiguous(), bank.contiguous()
+    mask = mask.to(torch.bool).contiguous()
+    params = [p.contiguous() for p in (input_weight, input_bias, hidden_weight, hidden_bias)]
+    if keys.stride(3) != 1 or keys.stride(2) != size:  # the kernel walks each row's (slots, hidden) block
+        keys = keys.contiguous()
+    new = functools.partial(torch.empty, dtype=keys.dtype, device=keys.device)
+    outputs = (
+        new(batch, num_steps, units, slots),  # weights
+        new(batch, units, bits),  # final pointers
+        new(batch, units, size),  # final hidden
+        new(batch, units, num_steps + 1, size),  # h_0..h_T
+        new(batch, units, num_steps + 1, bits),  # p_0..p_T
+        new(batch, units, num_steps, 4 * size),  # r | z | n | gh_n
+        new(batch, units, num_steps),  # |h_t|
+        new(batch, units, num_steps, slots),  # softmax probabilities
+    )
+    cosine = inverse_temperature is not None
+    tau = float(inverse_temperature) if cosine else 1.0
+    library.pointer_forward(
+        units, batch, num_steps, slots, bits, size, int(cosine), tau,
+        _ptr(pointers), _ptr(hidden), _ptr(keys), keys.stride(0), keys.stride(1), _ptr(bank), _ptr(mask),
+        *map(_ptr, params), *map(_ptr, outputs),
+    )  # fmt: skip
+    return outputs
+
+
+def _pointer_recurrence_fake(pointers, hidden, keys, bank, mask, input_weight, input_bias, hidden_weight, hidden_bias,
+      inverse_temperature, num_steps):  # fmt: skip
+    batch, units, slots, size = keys.shape
+    bits = bank.shape[-1]
+    new = keys.new_empty
+    return (new(batch, num_steps, units, slots), new(batch, units, bits), new(batch, units, size),
+            new(batch, units, num_steps + 1, size), new(batch, units, num_steps + 1, bits),
+            new(batch, units, num_steps, 4 * size), new(batch, units, num_steps),
+            new(batch, units, num_steps, slots))  # fmt: skip
+
+
+def pointer_recurrence_backward(
+    grad_weights: Tensor | None,
+    grad_pointers: Tensor | None,
+    grad_hidden: Tensor | None,
+    keys: Tensor,
+    bank: Tensor,
+    mask: Tensor,
+    input_weight: Tensor,
+    hidden_weight: Tensor,
+    inverse_temperature: Tensor | None,
+    hidden_states: Tensor,
+    pointer_states: Tensor,
+    gates: Tensor,
+    norms: Tensor,
+    probs: Tensor,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """The whole recurrence's backward in one kernel: gradients of `pointer_recurrence`'s inputs (mask aside),
+    `(pointers, hidden, keys, bank, input_weight, input_bias, hidden_weight, hidden_bias, inverse_temperature)`;
+    the last is a zero `()` tensor under dot scoring. Missing output gradients count as zeros."""
+    library = load_library(DTYPES[keys.dtype])
+    batch, units, slots, size = keys.shape
+    bits, steps = bank.shape[-1], probs.shape[2]
+    new = functools.partial(torch.empty, dtype=keys.dtype, device=keys.device)
+
+    def grad_or_zeros(grad: Tensor | None, *shape: int) -> Tensor:
+        return grad.contiguous() if grad is not None else torch.zeros(shape, dtype=keys.dtype, device=keys.device)
+
+    grads_in = (
+        grad_or_zeros(grad_weights, batch, steps, units, slots),
+        grad_or_zeros(grad_pointers, batch, units, bits),
+        grad_or_zeros(grad_hidden, batch, units, size),
+    )
+    if keys.stride(3) != 1 or keys.stride(2) != size:
+        keys = keys.contiguous()
+    bank, mask = bank.contiguous(), mask.to(torch.bool).contiguous()
+    input_weight, hidden_weight = input_weight.contiguous(), hidden_weight.contiguous()
+    outputs = (
+        new(batch, units, bits), new(batch, units, size), new(batch, units, slots, size), new(batch, slots, bits),
+        new(*input_weight.shape), new(units, 3 * size), new(*hidden_weight.shape), new(units, 3 * size), new(()),
+    )  # fmt: skip
+    cosine = inverse_temperature is not None
+    tau = float(inverse_temperature) if cosine else 1.0
+    library.pointer_backward(
+        units, batch, steps, slots, bits, size, int(cosine), tau,
+        _ptr(keys), keys.stride(0), keys.stride(1), _ptr(bank), _ptr(mask), _ptr(input_weight), _ptr(hidden_weight),
+        *map(_ptr, (hidden_states, pointer_states, gates, norms, probs)), *map(_ptr, grads_in), *map(_ptr, outputs),
+    )  # fmt: skip
+    return outputs
+
+
+def _pointer_recurrence_backward_fake(
+      grad_weights, grad_pointers, grad_hidden, keys, bank, mask, input_weight, hidden_weight, inverse_temperature,
+      hidden_states, pointer_states, gates, norms, probs):  # fmt: skip
+    batch, units, slots, size = keys.shape
+    new = keys.new_empty
+    return (new(batch, units, bank.shape[-1]), new(batch, units, size), new(batch, units, slots, size),
+            new(bank.shape), new(input_weight.shape), new(units, 3 * size), new(hidden_weight.shape),
+            new(units, 3 * size), new(()))  # fmt: skip
+
+
+def _setup_context(ctx, inputs, output):
+    (_, _, keys, bank, mask, input_weight, _, hidden_weight, _, inverse_temperature, _) = inputs
+    ctx.save_for_backward(keys, bank, mask, input_weight, hidden_weight, inverse_temperature, *output[3:])
+    ctx.set_materialize_grads(False)  # unused outputs pass None, not zero tensors built here
+    ctx.mark_non_differentiable(*output[3:])
+
+
+def _backward(ctx, grad_weights, grad_pointers, grad_hidden, *_):
+    keys, bank, mask, input_weight, hidden_weight, inverse_temperature, *states = ctx.saved_tensors
+    grads = torch.ops.panm_hf.pointer_recurrence_backward(
+        grad_weights, grad_pointers, grad_hidden, keys, bank, mask, input_weight, hidden_weight,
+        inverse_temperature, *states,
+    )  # fmt: skip
+    d_tau = grads[8] if inverse_temperature is not None else None
+    # inputs: pointers, hidden, keys, bank, mask, input_weight, input_bias, hidden_weight, hidden_bias, tau, steps
+    return (*grads[:4], None, *grads[4:8], d_tau, None)
+
+
+def _registered() -> bool:
+    # A trust_remote_code copy of these modules may be imported beside panm_hf: register the ops once.
+    try:
+        torch.ops.panm_hf.pointer_recurrence  # noqa: B018
+    except (AttributeError, RuntimeError):
+        return False
+    return True
+
+
+if not _registered():
+    for _name, _impl, _fake in (
+        ("pointer_recurrence", pointer_recurrence, _pointer_recurrence_fake),
+        ("pointer_recurrence_backward", pointer_recurrence_backward, _pointer_recurrence_backward_fake),
+    ):
+        torch.library.custom_op(f"panm_hf::{_name}", _impl, mutates_args=(), device_types="cpu").register_fake(_fake)
+    torch.library.register_autograd("panm_hf::pointer_recurrence", _backward, setup_context=_setup_context)
