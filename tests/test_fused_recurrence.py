@@ -1,0 +1,220 @@
+"""The fused Pointer-Unit recurrence (`pointer_kernel="fused"`) against the eager loop, the reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from panm_hf import PanmMemory, PanmMemoryConfig
+from panm_hf import pointer_kernel as kernel_module
+from panm_hf.pointer_unit import PointerUnits
+
+REASON = kernel_module.unavailable_reason(torch.float64, torch.device("cpu"))
+needs_kernel = pytest.mark.skipif(REASON is not None, reason=f"fused kernel unavailable: {REASON}")
+TOLERANCE = {torch.float64: dict(atol=1e-10, rtol=1e-9), torch.float32: dict(atol=2e-5, rtol=2e-4)}
+# (units, batch, slots, steps): the paper's 2 units, one unit, three (a middle pointer), a batch past the tile of 8
+SHAPES = [(2, 3, 6, 4), (1, 2, 5, 3), (3, 4, 9, 7), (2, 11, 4, 2)]
+
+
+def units_and_inputs(units, batch, slots, steps, *, dtype, scoring="cosine", seed=0, bits=5, size=8):
+    """Pointer Units with random parameters, and inputs with padding (row 1 short, row 2 all padding)."""
+    torch.manual_seed(seed)
+    config = PanmMemoryConfig(address_bits=bits, num_pointer_units=units, pointer_hidden_size=size,
+                              mlp_hidden_size=6, scoring=scoring)  # fmt: skip
+    module = PointerUnits(config).to(dtype)
+    with torch.no_grad():  # move off the init (zero-ish biases, fixed temperature) so every path matters
+        for parameter in module.parameters():
+            parameter.add_(0.3 * torch.randn_like(parameter))
+    bank = torch.randint(0, 2, (batch, slots, bits)).to(dtype)
+    mask = torch.ones(batch, slots, dtype=torch.bool)
+    if batch > 1:
+        mask[1, slots // 2 :] = False
+    if batch > 2:
+        mask[2] = False
+    pointers = torch.rand(batch, units, bits, dtype=dtype)
+    hidden = torch.randn(batch, units, size, dtype=dtype)
+    return module, dict(pointers=pointers, hidden=hidden, address_bank=bank, mask=mask, steps=steps)
+
+
+def run(module, kernel, inputs, *, keys=None):
+    """One forward (keys from the module's own `g^a` unless given) under `kernel`."""
+    module.pointer_kernel = kernel
+    keys = module.address_keys(inputs["address_bank"]) if keys is None else keys
+    return module(inputs["pointers"], inputs["hidden"], inputs["address_bank"], keys, inputs["mask"], inputs["steps"])
+
+
+def values_and_grads(module, kernel, inputs):
+    """Outputs, and gradients of a random projection of them w.r.t. every input and parameter."""
+    leaves = {name: inputs[name].clone().requires_grad_() for name in ("pointers", "hidden", "address_bank")}
+    run_inputs = {**inputs, **leaves}
+    outputs = run(module, kernel, run_inputs)
+    generator = torch.Generator().manual_seed(1)
+    loss = sum((out * torch.randn(out.shape, generator=generator, dtype=out.dtype)).sum() for out in outputs)
+    named = list(leaves.items()) + list(module.named_parameters())
+    grads = torch.autograd.grad(loss, [tensor for _, tensor in named])
+    return outputs, {name: grad for (name, _), grad in zip(named, grads)}
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("scoring", ["cosine", "dot"])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_fused_equals_eager_in_values_and_every_gradient(shape, scoring, dtype):
+    module, inputs = units_and_inputs(*shape, dtype=dtype, scoring=scoring)
+    eager_out, eager_grads = values_and_grads(module, "eager", inputs)
+    fused_out, fused_grads = values_and_grads(module, "fused", inputs)
+    for eager, fused in zip(eager_out, fused_out):
+        assert fused.shape == eager.shape
+        torch.testing.assert_close(fused, eager, **TOLERANCE[dtype])
+    assert set(fused_grads) == set(eager_grads) and len(fused_grads) >= 11  # 3 inputs, GRU, g^a MLP (+ temperature)
+    for name, grad in eager_grads.items():
+        assert grad.abs().sum() > 0 or name == "address_bank", f"{name} gets no gradient: the test would be vacuous"
+        torch.testing.assert_close(fused_grads[name], grad, **TOLERANCE[dtype], msg=lambda m, n=name: f"{n}: {m}")
+    padded = fused_out[0][1, :, :, inputs["address_bank"].shape[1] // 2 :]
+    assert torch.equal(padded, torch.zeros_like(padded))  # exact zeros on padding, all-padding row too
+    if shape[1] > 2:
+        assert torch.equal(fused_out[0][2], torch.zeros_like(fused_out[0][2]))
+
+
+@needs_kernel
+def test_fused_continues_from_a_state_as_one_longer_call():
+    module, inputs = units_and_inputs(2, 4, 7, 6, dtype=torch.float64)
+    whole = run(module, "fused", inputs)
+    first = run(module, "fused", {**inputs, "steps": 2})
+    second = run(module, "fused", {**inputs, "pointers": first[1], "hidden": first[2], "steps": 4})
+    eager_second = run(module, "eager", {**inputs, "pointers": first[1], "hidden": first[2], "steps": 4})
+    torch.testing.assert_close(torch.cat([first[0], second[0]], dim=1), whole[0], atol=1e-12, rtol=0)
+    torch.testing.assert_close(second[1:], whole[1:], atol=1e-12, rtol=0)
+    torch.testing.assert_close(second, eager_second, atol=1e-12, rtol=0)
+
+
+@needs_kernel
+@pytest.mark.parametrize("scoring", ["cosine", "dot"])
+def test_gradcheck_of_the_fused_op_in_float64(scoring):
+    module, inputs = units_and_inputs(2, 3, 4, 3, dtype=torch.float64, scoring=scoring, size=4, bits=3)
+    cell = module.cell
+    keys = module.address_keys(inputs["address_bank"]).detach()
+    tau = module.scorer.inverse_temperature.detach().clone() if scoring == "cosine" else None
+    leaves = [inputs["pointers"], inputs["hidden"], keys, inputs["address_bank"], cell.input_gates.weight.detach(),
+              cell.input_gates.bias.detach(), cell.hidden_gates.weight.detach(), cell.hidden_gates.bias.detach()]
+    leaves = [leaf.clone().requires_grad_() for leaf in leaves]
+    if tau is not None:
+        leaves.append(tau.requires_grad_())
+
+    def fused(pointers, hidden, keys, bank, w_i, b_i, w_h, b_h, tau=None):
+        outputs = torch.ops.panm_hf.pointer_recurrence(pointers, hidden, keys, bank, inputs["mask"], w_i, b_i, w_h,
+                                                       b_h, tau, inputs["steps"])  # fmt: skip
+        return outputs[:3]
+
+    assert torch.autograd.gradcheck(fused, leaves, eps=1e-6, atol=1e-6)
+
+
+@needs_kernel
+def test_the_custom_ops_pass_torch_library_opcheck():
+    module, inputs = units_and_inputs(2, 3, 5, 3, dtype=torch.float64)
+    cell = module.cell
+    keys = module.address_keys(inputs["address_bank"]).detach().requires_grad_()
+    args = (inputs["pointers"].requires_grad_(), inputs["hidden"].requires_grad_(), keys, inputs["address_bank"],
+            inputs["mask"], cell.input_gates.weight, cell.input_gates.bias, cell.hidden_gates.weight,
+            cell.hidden_gates.bias, module.scorer.inverse_temperature, inputs["steps"])  # fmt: skip
+    torch.library.opcheck(torch.ops.panm_hf.pointer_recurrence.default, args,
+                          test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))  # fmt: skip
+
+
+class OpNames(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.names = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+@needs_kernel
+def test_fused_loop_is_one_op_forward_and_one_backward():
+    module, inputs = units_and_inputs(2, 3, 6, 5, dtype=torch.float32)
+    keys = module.address_keys(inputs["address_bank"]).detach().requires_grad_()
+    counter = OpNames()
+    with counter:
+        weights, _, _ = run(module, "fused", inputs, keys=keys)
+    assert counter.names == ["panm_hf.pointer_recurrence.default"]
+    loss = weights.sum()
+    counter.names.clear()
+    with counter:
+        loss.backward()
+    assert "panm_hf.pointer_recurrence_backward.default" in counter.names
+    assert not any("bmm" in name or "sigmoid" in name for name in counter.names)  # no per-step ops outside the kernel
+
+
+@needs_kernel
+def test_panm_memory_training_step_is_the_same_with_either_kernel():
+    """The whole memory (bind, Pointer Units, reads, Controller) in training mode: loss and every gradient."""
+    results = {}
+    for kernel in ("eager", "fused"):
+        torch.manual_seed(0)
+        config = PanmMemoryConfig(address_bits=6, pointer_hidden_size=8, controller_hidden_size=8, mlp_hidden_size=8,
+                                  pointer_kernel=kernel)  # fmt: skip
+        memory = PanmMemory(config, memory_dim=6, decoder_input_size=5, output_size=4).double().train()
+        states = torch.randn(3, 7, 6, dtype=torch.float64)
+        mask = torch.tensor([[1] * 7, [1] * 4 + [0] * 3, [0] * 2 + [1] * 5])
+        decoder = torch.randn(3, 5, 5, dtype=torch.float64)
+        out = memory(states, decoder, attention_mask=mask, base_address=torch.tensor([3, 60, 17]))
+        loss = out.hidden_states.square().sum()
+        grads = torch.autograd.grad(loss, list(memory.parameters()))
+        results[kernel] = (out.hidden_states, dict(zip([n for n, _ in memory.named_parameters()], grads)))
+    torch.testing.assert_close(results["fused"][0], results["eager"][0], atol=1e-10, rtol=1e-9)
+    for name, grad in results["eager"][1].items():
+        torch.testing.assert_close(results["fused"][1][name], grad, atol=1e-10, rtol=1e-9, msg=name)
+
+
+def test_auto_falls_back_to_eager_where_the_kernel_does_not_apply():
+    module, inputs = units_and_inputs(2, 3, 5, 4, dtype=torch.float32)
+    keys = module.address_keys(inputs["address_bank"])
+    args = (inputs["pointers"], inputs["hidden"], inputs["address_bank"], keys)
+    steps, slots = inputs["steps"], inputs["address_bank"].shape[1]
+    per_step = inputs["mask"].unsqueeze(1).expand(-1, steps, -1)  # (batch, steps, slots)
+    assert "per-step" in module.fused_unavailable_reason(*args, per_step)
+    assert "per-step" in module.fused_unavailable_reason(*args, inputs["mask"], torch.ones(3, steps, dtype=torch.bool))
+    half = [tensor.to(torch.bfloat16) for tensor in args]
+    assert "dtype" in module.fused_unavailable_reason(*half, inputs["mask"])
+    assert "device" in kernel_module.unavailable_reason(torch.float32, torch.device("meta"))
+    shift, _ = units_and_inputs(2, 3, 5, 4, dtype=torch.float32)
+    shift.arithmetic_head = torch.nn.Module()  # stands for pointer_update="shift"
+    assert "shift" in shift.fused_unavailable_reason(*args, inputs["mask"])
+    # auto with a per-step mask runs (eagerly) and matches eager
+    module.pointer_kernel = "auto"
+    auto = module(*args, per_step, steps)
+    module.pointer_kernel = "eager"
+    torch.testing.assert_close(auto, module(*args, per_step, steps), atol=0, rtol=0)
+    assert auto[0].shape == (3, steps, 2, slots)
+
+
+def test_no_compiler_gives_a_reason_and_auto_runs_eager(monkeypatch):
+    monkeypatch.setattr(kernel_module, "find_compiler", lambda: None)
+    kernel_module.load_library.cache_clear()
+    try:
+        reason = kernel_module.unavailable_reason(torch.float32, torch.device("cpu"))
+        assert reason is not None and "compiler" in reason
+        module, inputs = units_and_inputs(2, 3, 5, 4, dtype=torch.float32)
+        assert run(module, "auto", inputs)[0].shape == (3, 4, 2, 5)
+        with pytest.raises(ValueError, match="compiler"):
+            run(module, "fused", inputs)
+    finally:
+        kernel_module.load_library.cache_clear()
+
+
+def test_pointer_kernel_knob_is_validated():
+    assert PanmMemoryConfig().pointer_kernel == "auto"
+    with pytest.raises(ValueError, match="pointer_kernel"):
+        PanmMemoryConfig(pointer_kernel="triton")
+    with pytest.raises(ValueError, match='pointer_kernel="fused".*attention'):
+        PanmMemoryConfig(pointer_kernel="fused", pointer_update="shift")
+    PanmMemoryConfig(pointer_kernel="auto", pointer_update="shift")  # auto falls back, no error
+    module, inputs = units_and_inputs(2, 3, 5, 4, dtype=torch.float32)
+    per_step = inputs["mask"].unsqueeze(1).expand(-1, 4, -1)
+    keys = module.address_keys(inputs["address_bank"])
+    module.pointer_kernel = "fused"
+    with pytest.raises(ValueError, match="per-step masks"):
+        module(inputs["pointers"], inputs["hidden"], inputs["address_bank"], keys, per_step, 4)
