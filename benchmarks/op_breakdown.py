@@ -1,6 +1,6 @@
 """Where PANM's aten ops per training step come from: pointer loop, binding, reads, Controller, the rest.
 
-    python benchmarks/op_breakdown.py [--cases lstm,seq2seq] [--pointer-kernel eager|fused|auto]
+    python benchmarks/op_breakdown.py [--cases lstm,seq2seq] [--recurrence-kernel eager|fused|auto]
 
 One forward + backward of `benchmarks/overhead.py`'s cases (`--sections cost` counts the same step),
 with every aten op attributed to the PANM part that dispatched it. Forward ops are attributed to the
@@ -122,15 +122,15 @@ def breakdown(loss_fn) -> Counter:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cases", default="lstm,seq2seq")
-    parser.add_argument("--pointer-kernel", default=None, help="override PanmMemoryConfig.pointer_kernel")
+    parser.add_argument("--recurrence-kernel", default=None, help="override PanmMemoryConfig.recurrence_kernel")
     args = parser.parse_args()
     torch.set_num_threads(1)
     for case in args.cases.split(","):
         variant = "panm" if case == "lstm" else "panm-replace"
         model, loss_fn, _ = build_case(case, variant, "cpu")
-        if args.pointer_kernel is not None:
-            model.apply(lambda m: setattr(m, "pointer_kernel", args.pointer_kernel)
-                        if isinstance(m, pointer_unit.PointerUnits) else None)
+        if args.recurrence_kernel is not None:
+            model.apply(lambda m: setattr(m, "recurrence_kernel", args.recurrence_kernel)
+                        if hasattr(m, "recurrence_kernel") else None)
         model.train()
         counts = breakdown(lambda m=model, f=loss_fn: f(m))
         total = sum(counts.values())

@@ -19,7 +19,7 @@ from torch.nn import functional as F
 from .attention import AttentionScorer
 from .memory_config import PanmMemoryConfig
 from .pointer_arithmetic import sharpen, shift_candidates
-from .pointer_kernel import unavailable_reason
+from .recurrence_kernel import unavailable_reason
 
 
 class GroupedLinear(nn.Module):
@@ -103,8 +103,8 @@ class PointerUnits(nn.Module):
             size of a pointer), `pointer_hidden_size` (each GRU), `mlp_hidden_size` (the address MLP
             `g^a`), the scoring (`panm_hf.attention`), and `pointer_update`: `"attention"` (the paper's
             Eq. 2) or `"shift"` (the paper's attention as one of the moves beside content-free steps
-            `-K..K`, `K = shift_range`; see `panm_hf.pointer_arithmetic`); `pointer_kernel`: whether the
-            loop runs step by step (`"eager"`, the reference) or as one fused kernel (`panm_hf.pointer_kernel`).
+            `-K..K`, `K = shift_range`; see `panm_hf.pointer_arithmetic`); `recurrence_kernel`: whether the
+            loop runs step by step (`"eager"`, the reference) or as one fused kernel (`panm_hf.recurrence_kernel`).
     """
 
     def __init__(self, config: PanmMemoryConfig):
@@ -113,7 +113,7 @@ class PointerUnits(nn.Module):
         self.num_pointer_units = units
         self.hidden_size = hidden_size
         self.pointer_update = config.pointer_update
-        self.pointer_kernel = config.pointer_kernel
+        self.recurrence_kernel = config.recurrence_kernel
         self.shift_range = config.shift_range
         self.cell = GroupedGRUCell(units, config.address_bits, hidden_size)
         # g^a: one MLP per unit mapping an address code into that unit's key space.
@@ -269,15 +269,15 @@ class PointerUnits(nn.Module):
         Returns:
             `(weights (batch, steps, units, slots), final pointers, final hidden)`.
         """
-        if self.pointer_kernel != "eager":
+        if self.recurrence_kernel != "eager":
             reason = self.fused_unavailable_reason(
                 pointers, hidden, address_bank, address_keys, attention_mask, step_mask, anchors
             )
             if reason is None:
                 return self._fused_forward(pointers, hidden, address_bank, address_keys, attention_mask, num_steps)
-            if self.pointer_kernel == "fused":
+            if self.recurrence_kernel == "fused":
                 raise ValueError(
-                    f'pointer_kernel="fused" cannot run this call: {reason}. Use pointer_kernel="auto" (fused '
+                    f'recurrence_kernel="fused" cannot run this call: {reason}. Use recurrence_kernel="auto" (fused '
                     'where it applies) or "eager".'
                 )
         batch, units, slots, size = address_keys.shape

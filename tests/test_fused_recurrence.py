@@ -1,4 +1,4 @@
-"""The fused Pointer-Unit recurrence (`pointer_kernel="fused"`) against the eager loop, the reference."""
+"""The fused recurrences (`recurrence_kernel="fused"`) against the references: the eager Pointer-Unit loop, `nn.GRU`."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from panm_hf import PanmMemory, PanmMemoryConfig
-from panm_hf import pointer_kernel as kernel_module
+from panm_hf import recurrence_kernel as kernel_module
+from panm_hf.controller import Controller
 from panm_hf.pointer_unit import PointerUnits
 
 REASON = kernel_module.unavailable_reason(torch.float64, torch.device("cpu"))
@@ -39,7 +40,7 @@ def units_and_inputs(units, batch, slots, steps, *, dtype, scoring="cosine", see
 
 def run(module, kernel, inputs, *, keys=None):
     """One forward (keys from the module's own `g^a` unless given) under `kernel`."""
-    module.pointer_kernel = kernel
+    module.recurrence_kernel = kernel
     keys = module.address_keys(inputs["address_bank"]) if keys is None else keys
     return module(inputs["pointers"], inputs["hidden"], inputs["address_bank"], keys, inputs["mask"], inputs["steps"])
 
@@ -155,7 +156,7 @@ def test_panm_memory_training_step_is_the_same_with_either_kernel():
     for kernel in ("eager", "fused"):
         torch.manual_seed(0)
         config = PanmMemoryConfig(address_bits=6, pointer_hidden_size=8, controller_hidden_size=8, mlp_hidden_size=8,
-                                  pointer_kernel=kernel)  # fmt: skip
+                                  recurrence_kernel=kernel)  # fmt: skip
         memory = PanmMemory(config, memory_dim=6, decoder_input_size=5, output_size=4).double().train()
         states = torch.randn(3, 7, 6, dtype=torch.float64)
         mask = torch.tensor([[1] * 7, [1] * 4 + [0] * 3, [0] * 2 + [1] * 5])
@@ -184,9 +185,9 @@ def test_auto_falls_back_to_eager_where_the_kernel_does_not_apply():
     shift.arithmetic_head = torch.nn.Module()  # stands for pointer_update="shift"
     assert "shift" in shift.fused_unavailable_reason(*args, inputs["mask"])
     # auto with a per-step mask runs (eagerly) and matches eager
-    module.pointer_kernel = "auto"
+    module.recurrence_kernel = "auto"
     auto = module(*args, per_step, steps)
-    module.pointer_kernel = "eager"
+    module.recurrence_kernel = "eager"
     torch.testing.assert_close(auto, module(*args, per_step, steps), atol=0, rtol=0)
     assert auto[0].shape == (3, steps, 2, slots)
 
@@ -205,16 +206,68 @@ def test_no_compiler_gives_a_reason_and_auto_runs_eager(monkeypatch):
         kernel_module.load_library.cache_clear()
 
 
-def test_pointer_kernel_knob_is_validated():
-    assert PanmMemoryConfig().pointer_kernel == "auto"
-    with pytest.raises(ValueError, match="pointer_kernel"):
-        PanmMemoryConfig(pointer_kernel="triton")
-    with pytest.raises(ValueError, match='pointer_kernel="fused".*attention'):
-        PanmMemoryConfig(pointer_kernel="fused", pointer_update="shift")
-    PanmMemoryConfig(pointer_kernel="auto", pointer_update="shift")  # auto falls back, no error
+def test_recurrence_kernel_knob_is_validated():
+    assert PanmMemoryConfig().recurrence_kernel == "auto"
+    with pytest.raises(ValueError, match="recurrence_kernel"):
+        PanmMemoryConfig(recurrence_kernel="triton")
+    with pytest.raises(ValueError, match='recurrence_kernel="fused".*attention'):
+        PanmMemoryConfig(recurrence_kernel="fused", pointer_update="shift")
+    PanmMemoryConfig(recurrence_kernel="auto", pointer_update="shift")  # auto falls back, no error
     module, inputs = units_and_inputs(2, 3, 5, 4, dtype=torch.float32)
     per_step = inputs["mask"].unsqueeze(1).expand(-1, 4, -1)
     keys = module.address_keys(inputs["address_bank"])
-    module.pointer_kernel = "fused"
+    module.recurrence_kernel = "fused"
     with pytest.raises(ValueError, match="per-step masks"):
         module(inputs["pointers"], inputs["hidden"], inputs["address_bank"], keys, per_step, 4)
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("batch, steps, with_step_mask", [(3, 5, False), (11, 2, False), (4, 6, True)])
+def test_fused_controller_gru_equals_nn_gru(batch, steps, with_step_mask, dtype):
+    torch.manual_seed(0)
+    config = PanmMemoryConfig(controller_hidden_size=7, mlp_hidden_size=5)
+    controller = Controller(config, read_size=6, decoder_input_size=3, memory_dim=4, output_size=2).to(dtype)
+    reads = torch.randn(batch, steps, 6, dtype=dtype, requires_grad=True)
+    decoder = torch.randn(batch, steps, 3, dtype=dtype, requires_grad=True)
+    hidden = torch.randn(batch, 7, dtype=dtype, requires_grad=True)
+    step_mask = None
+    if with_step_mask:  # a prefix of real steps per row (causal decoding)
+        step_mask = torch.arange(steps).unsqueeze(0) < torch.tensor([steps, 2, 0, 5]).unsqueeze(1)
+    results = {}
+    for kernel in ("eager", "fused"):
+        controller.recurrence_kernel = kernel
+        outputs, last = controller(reads, decoder, hidden, step_mask=step_mask)
+        generator = torch.Generator().manual_seed(1)
+        loss = (outputs * torch.randn(outputs.shape, generator=generator, dtype=dtype)).sum() + last.square().sum()
+        leaves = [reads, decoder, hidden, *controller.parameters()]
+        results[kernel] = (outputs, last, torch.autograd.grad(loss, leaves, allow_unused=True))
+    torch.testing.assert_close(results["fused"][:2], results["eager"][:2], **TOLERANCE[dtype])
+    for fused, eager in zip(results["fused"][2], results["eager"][2]):
+        if eager is None:  # the initial-state projection is not used by forward
+            assert fused is None
+            continue
+        torch.testing.assert_close(fused, eager, **TOLERANCE[dtype])
+
+
+@needs_kernel
+def test_gradcheck_of_the_fused_gru_op_in_float64():
+    torch.manual_seed(0)
+    leaves = [torch.randn(3, 4, 9, dtype=torch.float64), torch.randn(3, 3, dtype=torch.float64),
+              0.5 * torch.randn(9, 3, dtype=torch.float64), torch.randn(9, dtype=torch.float64)]  # fmt: skip
+    leaves = [leaf.requires_grad_() for leaf in leaves]
+    assert torch.autograd.gradcheck(lambda *args: torch.ops.panm_hf.gru_recurrence(*args)[:2], leaves)
+    torch.library.opcheck(torch.ops.panm_hf.gru_recurrence.default, leaves,
+                          test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))  # fmt: skip
+
+
+def test_fused_controller_raises_or_falls_back_where_it_cannot_run():
+    config = PanmMemoryConfig(controller_hidden_size=4, mlp_hidden_size=4, recurrence_kernel="fused")
+    controller = Controller(config, read_size=3, decoder_input_size=0, memory_dim=4, output_size=2)
+    reads, hidden = torch.randn(2, 3, 3, dtype=torch.float64), torch.randn(2, 4, dtype=torch.float64)
+    assert "dtype" in controller.fused_unavailable_reason(reads, hidden)
+    with pytest.raises(ValueError, match="Controller GRU"):
+        controller(reads, None, hidden)
+    controller.recurrence_kernel = "auto"
+    outputs, _ = controller(reads.float(), None, hidden.float())
+    assert outputs.shape == (2, 3, 2)

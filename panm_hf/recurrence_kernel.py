@@ -1,18 +1,21 @@
-"""The fused Pointer-Unit recurrence: all decoding steps in one kernel, its backward in another.
+"""PANM's recurrences fused: all decoding steps in one kernel, the backward in another.
 
 `PointerUnits.forward` runs a Python loop over decoding steps (a grouped GRU cell and an address
 attention per step, ~25 kernels forward and ~2x that backward). The loop never sees memory content
 (principle II) and its shapes are fixed per (batch, slots, steps), so the whole recurrence can run as
-one kernel. Here that kernel is a small C source (`csrc/pointer_recurrence.c`, plain loops, no torch
+one kernel. The Controller GRU (`nn.GRU`) has no fused CPU kernel in PyTorch either (it runs step by
+step; on GPU cuDNN fuses it), so its recurrence gets the same treatment. Here the kernels are a small
+C source (`csrc/recurrences.c`, plain loops, no torch
 headers) compiled once per machine with the system C compiler into a per-user cache, keyed by a hash
 of the source, the flags and the CPU, and called through ctypes on contiguous CPU tensors.
 
-It is exposed as two `torch.library` custom ops, `panm_hf::pointer_recurrence` (forward: weights,
-final pointers and hidden, plus the per-step states the backward needs) and
-`panm_hf::pointer_recurrence_backward`, wired with `register_autograd`, with fake (meta) kernels
-so `torch.compile` can trace through them. Scope: `pointer_update="attention"` with a (batch, slots)
-mask on CPU in float32/float64; everything else runs the eager loop, which stays the reference
-(`PanmMemoryConfig.pointer_kernel`).
+They are exposed as `torch.library` custom ops, `panm_hf::pointer_recurrence` (forward: weights,
+final pointers and hidden, plus the per-step states the backward needs) with
+`panm_hf::pointer_recurrence_backward`, and `panm_hf::gru_recurrence` with
+`panm_hf::gru_recurrence_backward`, wired with `register_autograd`, with fake (meta) kernels so
+`torch.compile` can trace through them. Scope: `pointer_update="attention"` with a (batch, slots)
+mask, on CPU in float32/float64; everything else runs the eager loop and `nn.GRU`, which stay the
+reference (`PanmMemoryConfig.recurrence_kernel`).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-SOURCE = Path(__file__).resolve().parent / "csrc" / "pointer_recurrence.c"
+SOURCE = Path(__file__).resolve().parent / "csrc" / "recurrences.c"
 DTYPES = {torch.float32: "float32", torch.float64: "float64"}
 _FLAGS = ["-O3", "-shared", "-fPIC"]
 _NATIVE = ["-march=native"]
@@ -70,7 +73,7 @@ def load_library(dtype_name: str) -> ctypes.CDLL | str:
     source = SOURCE.read_text()
     defines = ["-DUSE_DOUBLE"] if dtype_name == "float64" else []
     key = hashlib.sha256("\n".join([source, compiler, *_FLAGS, *defines, platform.machine(), _cpu_name()]).encode())
-    target = cache_dir() / f"pointer_recurrence_{dtype_name}_{key.hexdigest()[:16]}.so"
+    target = cache_dir() / f"recurrences_{dtype_name}_{key.hexdigest()[:16]}.so"
     if not target.exists():
         target.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
@@ -92,6 +95,10 @@ def load_library(dtype_name: str) -> ctypes.CDLL | str:
     library.pointer_forward.restype = None
     library.pointer_backward.argtypes = dims + [ptr, long, long] + [ptr] * 21
     library.pointer_backward.restype = None
+    library.gru_forward.argtypes = [long] * 3 + [ptr] * 7  # batch, steps, hidden
+    library.gru_forward.restype = None
+    library.gru_backward.argtypes = [long] * 3 + [ptr] * 10
+    library.gru_backward.restype = None
     return library
 
 
@@ -254,6 +261,70 @@ def _backward(ctx, grad_weights, grad_pointers, grad_hidden, *_):
     return (*grads[:4], None, *grads[4:8], d_tau, None)
 
 
+def gru_recurrence(
+    input_gates: Tensor, hidden: Tensor, hidden_weight: Tensor, hidden_bias: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    """`nn.GRU`'s recurrence (one layer, batch first) over all steps in one kernel.
+
+    Args:
+        input_gates: `(batch, steps, 3 hidden)` `x W_ih^T + b_ih` for every step.  hidden: `(batch, hidden)` `h_0`.
+        hidden_weight: `(3 hidden, hidden)` `W_hh`.  hidden_bias: `(3 hidden,)` `b_hh`.
+
+    Returns:
+        `(states (batch, steps, hidden), last (batch, hidden))` and the gates `r|z|n|gh_n` for the backward.
+    """
+    library = load_library(DTYPES[input_gates.dtype])
+    batch, steps, size = hidden.shape[0], input_gates.shape[1], hidden.shape[1]
+    inputs = [t.contiguous() for t in (input_gates, hidden, hidden_weight, hidden_bias)]
+    new = functools.partial(torch.empty, dtype=hidden.dtype, device=hidden.device)
+    outputs = (new(batch, steps, size), new(batch, size), new(batch, steps, 4 * size))
+    library.gru_forward(batch, steps, size, *map(_ptr, inputs), *map(_ptr, outputs))
+    return outputs
+
+
+def _gru_recurrence_fake(input_gates, hidden, hidden_weight, hidden_bias):
+    batch, steps, size = hidden.shape[0], input_gates.shape[1], hidden.shape[1]
+    return hidden.new_empty(batch, steps, size), hidden.new_empty(batch, size), hidden.new_empty(batch, steps, 4 * size)
+
+
+def gru_recurrence_backward(
+    grad_states: Tensor | None, grad_last: Tensor | None, hidden: Tensor, hidden_weight: Tensor, states: Tensor,
+    gates: Tensor,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Gradients of `gru_recurrence`'s inputs `(input_gates, hidden, hidden_weight, hidden_bias)` in one kernel."""
+    library = load_library(DTYPES[hidden.dtype])
+    batch, steps, size = states.shape
+    zeros = functools.partial(torch.zeros, dtype=hidden.dtype, device=hidden.device)
+    grad_states = grad_states.contiguous() if grad_states is not None else zeros(batch, steps, size)
+    grad_last = grad_last.contiguous() if grad_last is not None else zeros(batch, size)
+    hidden, hidden_weight = hidden.contiguous(), hidden_weight.contiguous()
+    new = functools.partial(torch.empty, dtype=hidden.dtype, device=hidden.device)
+    outputs = (new(batch, steps, 3 * size), new(batch, size), new(3 * size, size), new(3 * size))
+    library.gru_backward(
+        batch, steps, size, *map(_ptr, (hidden, hidden_weight, states, gates, grad_states, grad_last)),
+        *map(_ptr, outputs),
+    )  # fmt: skip
+    return outputs
+
+
+def _gru_recurrence_backward_fake(grad_states, grad_last, hidden, hidden_weight, states, gates):
+    batch, steps, size = states.shape
+    new = hidden.new_empty
+    return new(batch, steps, 3 * size), new(batch, size), new(3 * size, size), new(3 * size)
+
+
+def _gru_setup_context(ctx, inputs, output):
+    _, hidden, hidden_weight, _ = inputs
+    states, _, gates = output
+    ctx.save_for_backward(hidden, hidden_weight, states, gates)
+    ctx.set_materialize_grads(False)
+    ctx.mark_non_differentiable(gates)
+
+
+def _gru_backward(ctx, grad_states, grad_last, _):
+    return torch.ops.panm_hf.gru_recurrence_backward(grad_states, grad_last, *ctx.saved_tensors)
+
+
 def _registered() -> bool:
     # A trust_remote_code copy of these modules may be imported beside panm_hf: register the ops once.
     try:
@@ -267,6 +338,9 @@ if not _registered():
     for _name, _impl, _fake in (
         ("pointer_recurrence", pointer_recurrence, _pointer_recurrence_fake),
         ("pointer_recurrence_backward", pointer_recurrence_backward, _pointer_recurrence_backward_fake),
+        ("gru_recurrence", gru_recurrence, _gru_recurrence_fake),
+        ("gru_recurrence_backward", gru_recurrence_backward, _gru_recurrence_backward_fake),
     ):
         torch.library.custom_op(f"panm_hf::{_name}", _impl, mutates_args=(), device_types="cpu").register_fake(_fake)
     torch.library.register_autograd("panm_hf::pointer_recurrence", _backward, setup_context=_setup_context)
+    torch.library.register_autograd("panm_hf::gru_recurrence", _gru_backward, setup_context=_gru_setup_context)

@@ -1,7 +1,8 @@
-/* The Pointer-Unit recurrence (paper, Eqs. 1-3; PointerUnits.forward with pointer_update="attention")
- * for all decoding steps in one call, forward and backward. Plain C, no torch headers: compiled once
- * per machine by panm_hf/pointer_kernel.py with `cc -O3 -shared -fPIC [-DUSE_DOUBLE]` and
- * called through ctypes on contiguous tensors. The eager loop in pointer_unit.py is the reference.
+/* PANM's two recurrences for all decoding steps in one call each, forward and backward: the Pointer Units
+ * (paper, Eqs. 1-3; PointerUnits.forward with pointer_update="attention") and, at the end of this file,
+ * the Controller GRU (Eq. 7). Plain C, no torch headers: compiled once
+ * per machine by panm_hf/recurrence_kernel.py with `cc -O3 -shared -fPIC [-DUSE_DOUBLE]` and
+ * called through ctypes on contiguous tensors. The eager loop in pointer_unit.py (and nn.GRU) is the reference.
  *
  * Per row (sample b, unit u) and step t, with p = p_{t-1}, h = h_{t-1}:
  *   gi = b_i[u] + p W_i[u]         gh = b_h[u] + h W_h[u]            (3H each, gates r | z | n)
@@ -249,4 +250,92 @@ void pointer_backward(long U, long B, long T, long S, long NB, long H, int cosin
     }
     *d_tau = (real)dtau;
     free(dh); free(dp); free(dgi); free(dgh); free(dw); free(q); free(dq);
+}
+
+/* The Controller GRU (nn.GRU, one layer, one direction, batch_first) over all steps, its input gates
+ * gi = x W_ih^T + b_ih computed beforehand for every step in one matmul. PyTorch's GRU equations:
+ *   gh = W_hh h + b_hh   r = sig(gi_r + gh_r)  z = sig(gi_z + gh_z)  n = tanh(gi_n + r gh_n)
+ *   h' = (1 - z) n + z h
+ * Layouts: gi (B, T, 3H), h0 (B, H), w_hh (3H, H) (nn.GRU's), b_hh (3H); outputs states (B, T, H),
+ * last (B, H); saved gates (B, T, 4H) = r | z | n | gh_n. */
+void gru_forward(long B, long T, long H, const real *gi, const real *h0, const real *w_hh, const real *b_hh,
+                 real *states, real *last, real *gates) {
+    const long G = 3 * H;
+    real *gh = malloc(sizeof(real) * TILE * G);
+    for (long b0 = 0; b0 < B; b0 += TILE) {
+        const long nb = B - b0 < TILE ? B - b0 : TILE;
+        for (long t = 0; t < T; t++) {
+            for (long j = 0; j < G; j++) {  /* each row of W_hh read once per tile */
+                const real *w = w_hh + j * H;
+                for (long i = 0; i < nb; i++) {
+                    const long b = b0 + i;
+                    const real *h = t ? states + (b * T + t - 1) * H : h0 + b * H;
+                    real acc = b_hh[j];
+                    for (long k = 0; k < H; k++) acc += w[k] * h[k];
+                    gh[i * G + j] = acc;
+                }
+            }
+            for (long i = 0; i < nb; i++) {
+                const long b = b0 + i;
+                const real *h = t ? states + (b * T + t - 1) * H : h0 + b * H, *x = gi + (b * T + t) * G;
+                const real *g = gh + i * G;
+                real *hn = states + (b * T + t) * H, *gt = gates + (b * T + t) * 4 * H;
+                for (long j = 0; j < H; j++) {
+                    const real r = sigmoid(x[j] + g[j]);
+                    const real z = sigmoid(x[H + j] + g[H + j]);
+                    const real n = TANH(x[2 * H + j] + r * g[2 * H + j]);
+                    hn[j] = (1 - z) * n + z * h[j];
+                    gt[j] = r; gt[H + j] = z; gt[2 * H + j] = n; gt[3 * H + j] = g[2 * H + j];
+                }
+            }
+        }
+        for (long i = 0; i < nb; i++)
+            memcpy(last + (b0 + i) * H, states + ((b0 + i) * T + T - 1) * H, sizeof(real) * H);
+    }
+    free(gh);
+}
+
+/* g_states (B, T, H), g_last (B, H) -> d_gi (B, T, 3H), d_h0 (B, H), d_w_hh (3H, H), d_b_hh (3H). */
+void gru_backward(long B, long T, long H, const real *h0, const real *w_hh, const real *states, const real *gates,
+                  const real *g_states, const real *g_last, real *d_gi, real *d_h0, real *d_w_hh, real *d_b_hh) {
+    const long G = 3 * H;
+    memset(d_w_hh, 0, sizeof(real) * G * H);
+    memset(d_b_hh, 0, sizeof(real) * G);
+    real *dh = malloc(sizeof(real) * TILE * H), *dgh = malloc(sizeof(real) * TILE * G);
+    for (long b0 = 0; b0 < B; b0 += TILE) {
+        const long nb = B - b0 < TILE ? B - b0 : TILE;
+        for (long i = 0; i < nb; i++) memcpy(dh + i * H, g_last + (b0 + i) * H, sizeof(real) * H);
+        for (long t = T - 1; t >= 0; t--) {
+            for (long i = 0; i < nb; i++) {
+                const long b = b0 + i;
+                const real *h = t ? states + (b * T + t - 1) * H : h0 + b * H, *gt = gates + (b * T + t) * 4 * H;
+                const real *gs = g_states + (b * T + t) * H;
+                real *dhi = dh + i * H, *dx = d_gi + (b * T + t) * G, *dg = dgh + i * G;
+                for (long j = 0; j < H; j++) {
+                    const real r = gt[j], z = gt[H + j], n = gt[2 * H + j], ghn = gt[3 * H + j];
+                    const real d = dhi[j] + gs[j];
+                    const real dan = d * (1 - z) * (1 - n * n);
+                    const real daz = d * (h[j] - n) * z * (1 - z);
+                    const real dar = dan * ghn * r * (1 - r);
+                    dx[j] = dar; dx[H + j] = daz; dx[2 * H + j] = dan;
+                    dg[j] = dar; dg[H + j] = daz; dg[2 * H + j] = dan * r;
+                    dhi[j] = d * z;
+                }
+                for (long j = 0; j < G; j++) d_b_hh[j] += dg[j];
+            }
+            for (long j = 0; j < G; j++) {  /* dh += W_hh^T dgh, dW_hh += dgh h^T, W_hh's row j once per tile */
+                const real *w = w_hh + j * H;
+                real *dw = d_w_hh + j * H;
+                for (long i = 0; i < nb; i++) {
+                    const long b = b0 + i;
+                    const real *h = t ? states + (b * T + t - 1) * H : h0 + b * H;
+                    const real dj = dgh[i * G + j];
+                    real *dhi = dh + i * H;
+                    for (long k = 0; k < H; k++) { dhi[k] += dj * w[k]; dw[k] += dj * h[k]; }
+                }
+            }
+        }
+        for (long i = 0; i < nb; i++) memcpy(d_h0 + (b0 + i) * H, dh + i * H, sizeof(real) * H);
+    }
+    free(dh); free(dgh);
 }
