@@ -5,7 +5,7 @@ attention per step, ~25 kernels forward and ~2x that backward). The loop never s
 (principle II) and its shapes are fixed per (batch, slots, steps), so the whole recurrence can run as
 one kernel. The Controller GRU (`nn.GRU`) has no fused CPU kernel in PyTorch either (it runs step by
 step; on GPU cuDNN fuses it), so its recurrence gets the same treatment. Here the kernels are a small
-C source (`csrc/recurrences.c`, plain loops, no torch
+C source (`recurrences_source.py`, plain loops, no torch
 headers) compiled once per machine with the system C compiler into a per-user cache, keyed by a hash
 of the source, the flags and the CPU, and called through ctypes on contiguous CPU tensors.
 
@@ -33,7 +33,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-SOURCE = Path(__file__).resolve().parent / "csrc" / "recurrences.c"
+from .recurrences_source import SOURCE
+
 DTYPES = {torch.float32: "float32", torch.float64: "float64"}
 _FLAGS = ["-O3", "-shared", "-fPIC"]
 _NATIVE = ["-march=native"]
@@ -68,25 +69,24 @@ def load_library(dtype_name: str) -> ctypes.CDLL | str:
     compiler = find_compiler()
     if compiler is None:
         return "no C compiler found (set $CC or install cc/gcc)"
-    if not SOURCE.exists():  # e.g. a trust_remote_code copy of the modules without csrc/
-        return f"the kernel source {SOURCE} is missing"
-    source = SOURCE.read_text()
+    source = SOURCE
     defines = ["-DUSE_DOUBLE"] if dtype_name == "float64" else []
     key = hashlib.sha256("\n".join([source, compiler, *_FLAGS, *defines, platform.machine(), _cpu_name()]).encode())
     target = cache_dir() / f"recurrences_{dtype_name}_{key.hexdigest()[:16]}.so"
     if not target.exists():
         target.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
-            built = Path(scratch) / target.name
+            built, source_file = Path(scratch) / target.name, Path(scratch) / "recurrences.c"
+            source_file.write_text(source)
             errors = ""
             for extra in (_NATIVE, []):  # -march=native where the compiler knows it
-                result = subprocess.run([compiler, *_FLAGS, *extra, *defines, str(SOURCE), "-o", str(built), "-lm"],
-                                        capture_output=True, text=True)
+                command = [compiler, *_FLAGS, *extra, *defines, str(source_file), "-o", str(built), "-lm"]
+                result = subprocess.run(command, capture_output=True, text=True)
                 if result.returncode == 0:
                     break
                 errors = result.stderr.strip()
             else:
-                return f"compiling {SOURCE.name} with {compiler} failed: {errors[-500:]}"
+                return f"compiling the recurrences' C source with {compiler} failed: {errors[-500:]}"
             os.replace(built, target)  # atomic: concurrent processes never load a half-written file
     library = ctypes.CDLL(str(target))
     long, ptr = ctypes.c_long, ctypes.c_void_p

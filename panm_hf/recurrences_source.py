@@ -1,3 +1,11 @@
+"""The C source of PANM's fused recurrences (compiled by `panm_hf.recurrence_kernel`).
+
+Kept as a Python string, not a `.c` file, so that `save_pretrained`'s copy of the modeling code (which
+follows relative imports of `.py` files only) carries it: a `trust_remote_code` load then builds the
+same kernel and computes the same numbers.
+"""
+
+SOURCE = r"""
 /* PANM's two recurrences for all decoding steps in one call each, forward and backward: the Pointer Units
  * (paper, Eqs. 1-3; PointerUnits.forward with pointer_update="attention") and, at the end of this file,
  * the Controller GRU (Eq. 7). Plain C, no torch headers: compiled once
@@ -339,3 +347,4 @@ void gru_backward(long B, long T, long H, const real *h0, const real *w_hh, cons
     }
     free(dh); free(dgh);
 }
+"""
