@@ -1,6 +1,7 @@
 """Where PANM's aten ops per training step come from: pointer loop, binding, reads, Controller, the rest.
 
     python benchmarks/op_breakdown.py [--cases lstm,seq2seq] [--recurrence-kernel eager|fused|auto]
+    python benchmarks/op_breakdown.py --time 20   # also: training-step times, backbone / eager / fused
 
 One forward + backward of `benchmarks/overhead.py`'s cases (`--sections cost` counts the same step),
 with every aten op attributed to the PANM part that dispatched it. Forward ops are attributed to the
@@ -23,7 +24,8 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # overhead.py beside this script
-from overhead import build_case  # noqa: E402
+from overhead import build_case, set_recurrence_kernel, train_step  # noqa: E402
+from timing import time_interleaved  # noqa: E402
 
 from panm_hf import controller, memory, pointer_unit, reads  # noqa: E402
 
@@ -123,20 +125,38 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cases", default="lstm,seq2seq")
     parser.add_argument("--recurrence-kernel", default=None, help="override PanmMemoryConfig.recurrence_kernel")
+    parser.add_argument("--time", type=int, default=0, metavar="REPEATS",
+                        help="also time training steps (forward, backward, AdamW) of the backbone and PANM with "
+                             "eager and fused recurrences, interleaved, medians of REPEATS")
     args = parser.parse_args()
     torch.set_num_threads(1)
     for case in args.cases.split(","):
         variant = "panm" if case == "lstm" else "panm-replace"
         model, loss_fn, _ = build_case(case, variant, "cpu")
         if args.recurrence_kernel is not None:
-            model.apply(lambda m: setattr(m, "recurrence_kernel", args.recurrence_kernel)
-                        if hasattr(m, "recurrence_kernel") else None)
+            set_recurrence_kernel(model, args.recurrence_kernel)
         model.train()
         counts = breakdown(lambda m=model, f=loss_fn: f(m))
         total = sum(counts.values())
         print(f"{case} ({variant}): {total} aten ops per training step (forward + backward)")
         for part, count in sorted(counts.items(), key=lambda item: -item[1]):
             print(f"  {part:45s} {count:6d}  {100 * count / total:5.1f}%")
+        if args.time:
+            print(f"{case}: training step ms (median of {args.time}, interleaved): " + time_steps(case, variant, args))
+
+
+def time_steps(case: str, variant: str, args) -> str:
+    """Backbone, PANM with eager recurrences and PANM with fused ones, each with its own AdamW, interleaved."""
+    runs = {}
+    for name, kernel in (("backbone", None), ("panm eager", "eager"), ("panm fused", "auto")):
+        model, loss_fn, _ = build_case(case, "backbone" if kernel is None else variant, "cpu")
+        if kernel is not None:
+            set_recurrence_kernel(model, kernel)
+        model.train()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        runs[name] = lambda m=model, f=loss_fn, o=optimizer: train_step(m, f, o)
+    medians = time_interleaved(runs, args.time, warmup=2)
+    return ", ".join(f"{name} {seconds * 1e3:.1f}" for name, seconds in medians.items())
 
 
 if __name__ == "__main__":

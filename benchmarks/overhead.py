@@ -19,8 +19,9 @@ Cases (issue "Performance"):
 Peak memory: CUDA's max_memory_allocated on GPU; on CPU the rise of the process's peak RSS
 over one training step, measured in a fresh subprocess per model (CPU RSS is coarse).
 Section "cost" (no timing): FLOPs of one training step (forward + backward, matmul-class ops,
-RNNs counted as their matmuls) and the number of aten ops it dispatches, per variant; the
-FLOP ratio backbone/PANM is the throughput ratio a purely compute-bound device would reach.
+RNNs counted as their matmuls) and the number of aten ops it dispatches, per variant (PANM with its
+default fused recurrences, and again with `recurrence_kernel="eager"`); the FLOP ratio
+backbone/PANM is the throughput ratio a purely compute-bound device would reach.
 `--smoke` runs every section on tiny models in seconds (the CI test of this script).
 """
 
@@ -312,16 +313,37 @@ def step_cost(loss_fn) -> dict:
     return {"gflops": flops.get_total_flops() / 1e9, "aten_ops": counter.count}
 
 
+def set_recurrence_kernel(model, kernel: str) -> None:
+    """Switch every PANM part with a `recurrence_kernel` (Pointer Units, Controller) to `kernel`."""
+    for module in model.modules():
+        if hasattr(module, "recurrence_kernel"):
+            module.recurrence_kernel = kernel
+
+
 def bench_cost(case: str, args) -> dict:
+    """Step cost per variant; PANM's aten ops with its default kernels (fused recurrences where they apply)
+    and with `recurrence_kernel="eager"` (the step-by-step reference), for comparison. FLOPs are counted on
+    the eager path: the FLOP counter cannot see inside the fused kernels."""
     result = {}
     for variant in VARIANTS[case]:
         model, loss_fn, step_tokens = build_case(case, variant, args.device, size=args.size)
         model.train()
-        result[variant] = {**step_cost(lambda m=model, f=loss_fn: f(m)), "step_tokens": step_tokens}
+        if variant == "backbone":
+            result[variant] = {**step_cost(lambda m=model, f=loss_fn: f(m)), "step_tokens": step_tokens}
+            continue
+        set_recurrence_kernel(model, "eager")
+        eager = step_cost(lambda m=model, f=loss_fn: f(m))
+        set_recurrence_kernel(model, "auto")
+        counter = OpCounter()
+        with counter:
+            loss_fn(model).backward()
+        result[variant] = {"gflops": eager["gflops"], "aten_ops": counter.count, "aten_ops_eager": eager["aten_ops"],
+                           "step_tokens": step_tokens}
     base = result["backbone"]
     for row in result.values():
         row["flop_ratio"] = base["gflops"] / row["gflops"]  # the compute-bound ceiling of the throughput ratio
         row["op_ratio"] = row["aten_ops"] / base["aten_ops"]
+        row["op_ratio_eager"] = row.get("aten_ops_eager", base["aten_ops"]) / base["aten_ops"]
     return result
 
 
@@ -378,7 +400,8 @@ def main() -> None:
     if "cost" in sections:
         report["cost"] = per_case(bench_cost, args, "cost", lambda row: (
             f"{row['gflops']:9.2f} GFLOP/step  flop ratio {row['flop_ratio']:.3f}  "
-            f"{row['aten_ops']:6d} aten ops  op ratio {row['op_ratio']:.2f}"))
+            f"{row['aten_ops']:6d} aten ops  op ratio {row['op_ratio']:.2f}  "
+            f"(eager recurrences: {row.get('aten_ops_eager', row['aten_ops']):6d}, {row['op_ratio_eager']:.2f})"))
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     Path(args.output).write_text(json.dumps(report, indent=2))
     print(f"wrote {args.output}")
