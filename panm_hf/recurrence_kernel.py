@@ -36,7 +36,7 @@ from torch import Tensor
 from .recurrences_source import SOURCE
 
 DTYPES = {torch.float32: "float32", torch.float64: "float64"}
-_FLAGS = ["-O3", "-shared", "-fPIC"]
+_FLAGS = ["-O3", "-fopenmp-simd", "-shared", "-fPIC"]  # omp simd: vectorised dot products, no runtime
 _NATIVE = ["-march=native"]
 
 
@@ -93,11 +93,11 @@ def load_library(dtype_name: str) -> ctypes.CDLL | str:
     dims = [long] * 6 + [ctypes.c_int, ctypes.c_double]  # units, batch, steps, slots, bits, hidden, cosine, tau
     library.pointer_forward.argtypes = dims + [ptr, ptr, ptr, long, long] + [ptr] * 14
     library.pointer_forward.restype = None
-    library.pointer_backward.argtypes = dims + [ptr, long, long] + [ptr] * 21
+    library.pointer_backward.argtypes = dims + [ptr, long, long] + [ptr] * 23
     library.pointer_backward.restype = None
     library.gru_forward.argtypes = [long] * 3 + [ptr] * 7  # batch, steps, hidden
     library.gru_forward.restype = None
-    library.gru_backward.argtypes = [long] * 3 + [ptr] * 10
+    library.gru_backward.argtypes = [long] * 3 + [ptr] * 11
     library.gru_backward.restype = None
     return library
 
@@ -198,10 +198,13 @@ def pointer_recurrence_backward(
     gates: Tensor,
     norms: Tensor,
     probs: Tensor,
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """The whole recurrence's backward in one kernel: gradients of `pointer_recurrence`'s inputs (mask aside),
-    `(pointers, hidden, keys, bank, input_weight, input_bias, hidden_weight, hidden_bias, inverse_temperature)`;
-    the last is a zero `()` tensor under dot scoring. Missing output gradients count as zeros."""
+    `(pointers, hidden, keys, bank, input_bias, hidden_bias, inverse_temperature)` (the last a zero `()` tensor
+    under dot scoring), and the factors of the GRU weights' gradients, one GEMM each over all (sample, step)
+    rows, which BLAS does better than a hand loop: per unit `h_t (units, batch*steps, hidden)`,
+    `p_t (units, batch*steps, bits)` and the gate gradients `(units, batch*steps, 3 hidden)` of `W_h`, `W_i`.
+    Missing output gradients count as zeros."""
     library = load_library(DTYPES[keys.dtype])
     batch, units, slots, size = keys.shape
     bits, steps = bank.shape[-1], probs.shape[2]
@@ -219,9 +222,11 @@ def pointer_recurrence_backward(
         keys = keys.contiguous()
     bank, mask = bank.contiguous(), mask.to(torch.bool).contiguous()
     input_weight, hidden_weight = input_weight.contiguous(), hidden_weight.contiguous()
+    rows = batch * steps
     outputs = (
         new(batch, units, bits), new(batch, units, size), new(batch, units, slots, size), new(batch, slots, bits),
-        new(*input_weight.shape), new(units, 3 * size), new(*hidden_weight.shape), new(units, 3 * size), new(()),
+        new(units, 3 * size), new(units, 3 * size), new(()),
+        new(units, rows, size), new(units, rows, bits), new(units, rows, 3 * size), new(units, rows, 3 * size),
     )  # fmt: skip
     cosine = inverse_temperature is not None
     tau = float(inverse_temperature) if cosine else 1.0
@@ -237,10 +242,11 @@ def _pointer_recurrence_backward_fake(
       grad_weights, grad_pointers, grad_hidden, keys, bank, mask, input_weight, hidden_weight, inverse_temperature,
       hidden_states, pointer_states, gates, norms, probs):  # fmt: skip
     batch, units, slots, size = keys.shape
+    bits, rows = bank.shape[-1], batch * probs.shape[2]
     new = keys.new_empty
-    return (new(batch, units, bank.shape[-1]), new(batch, units, size), new(batch, units, slots, size),
-            new(bank.shape), new(input_weight.shape), new(units, 3 * size), new(hidden_weight.shape),
-            new(units, 3 * size), new(()))  # fmt: skip
+    return (new(batch, units, bits), new(batch, units, size), new(batch, units, slots, size), new(bank.shape),
+            new(units, 3 * size), new(units, 3 * size), new(()), new(units, rows, size), new(units, rows, bits),
+            new(units, rows, 3 * size), new(units, rows, 3 * size))  # fmt: skip
 
 
 def _setup_context(ctx, inputs, output):
@@ -256,9 +262,13 @@ def _backward(ctx, grad_weights, grad_pointers, grad_hidden, *_):
         grad_weights, grad_pointers, grad_hidden, keys, bank, mask, input_weight, hidden_weight,
         inverse_temperature, *states,
     )  # fmt: skip
-    d_tau = grads[8] if inverse_temperature is not None else None
+    d_pointers, d_hidden, d_keys, d_bank, d_input_bias, d_hidden_bias, d_tau, h_rows, p_rows, dgh, dgi = grads
+    d_hidden_weight = torch.bmm(h_rows.transpose(1, 2), dgh)  # (units, hidden, 3 hidden)
+    d_input_weight = torch.bmm(p_rows.transpose(1, 2), dgi)  # (units, bits, 3 hidden)
+    d_tau = d_tau if inverse_temperature is not None else None
     # inputs: pointers, hidden, keys, bank, mask, input_weight, input_bias, hidden_weight, hidden_bias, tau, steps
-    return (*grads[:4], None, *grads[4:8], d_tau, None)
+    return (d_pointers, d_hidden, d_keys, d_bank, None, d_input_weight, d_input_bias, d_hidden_weight, d_hidden_bias,
+            d_tau, None)  # fmt: skip
 
 
 def gru_recurrence(
@@ -290,8 +300,9 @@ def _gru_recurrence_fake(input_gates, hidden, hidden_weight, hidden_bias):
 def gru_recurrence_backward(
     grad_states: Tensor | None, grad_last: Tensor | None, hidden: Tensor, hidden_weight: Tensor, states: Tensor,
     gates: Tensor,
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Gradients of `gru_recurrence`'s inputs `(input_gates, hidden, hidden_weight, hidden_bias)` in one kernel."""
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Gradients of `gru_recurrence`'s inputs `input_gates`, `hidden`, `hidden_bias` in one kernel, and the factors
+    `(h_{t-1} (batch*steps, hidden), gate gradients (batch*steps, 3 hidden))` of `hidden_weight`'s (one GEMM)."""
     library = load_library(DTYPES[hidden.dtype])
     batch, steps, size = states.shape
     zeros = functools.partial(torch.zeros, dtype=hidden.dtype, device=hidden.device)
@@ -299,7 +310,8 @@ def gru_recurrence_backward(
     grad_last = grad_last.contiguous() if grad_last is not None else zeros(batch, size)
     hidden, hidden_weight = hidden.contiguous(), hidden_weight.contiguous()
     new = functools.partial(torch.empty, dtype=hidden.dtype, device=hidden.device)
-    outputs = (new(batch, steps, 3 * size), new(batch, size), new(3 * size, size), new(3 * size))
+    outputs = (new(batch, steps, 3 * size), new(batch, size), new(3 * size), new(batch * steps, size),
+               new(batch * steps, 3 * size))  # fmt: skip
     library.gru_backward(
         batch, steps, size, *map(_ptr, (hidden, hidden_weight, states, gates, grad_states, grad_last)),
         *map(_ptr, outputs),
@@ -310,7 +322,8 @@ def gru_recurrence_backward(
 def _gru_recurrence_backward_fake(grad_states, grad_last, hidden, hidden_weight, states, gates):
     batch, steps, size = states.shape
     new = hidden.new_empty
-    return new(batch, steps, 3 * size), new(batch, size), new(3 * size, size), new(3 * size)
+    return (new(batch, steps, 3 * size), new(batch, size), new(3 * size), new(batch * steps, size),
+            new(batch * steps, 3 * size))  # fmt: skip
 
 
 def _gru_setup_context(ctx, inputs, output):
@@ -322,7 +335,10 @@ def _gru_setup_context(ctx, inputs, output):
 
 
 def _gru_backward(ctx, grad_states, grad_last, _):
-    return torch.ops.panm_hf.gru_recurrence_backward(grad_states, grad_last, *ctx.saved_tensors)
+    d_input_gates, d_hidden, d_hidden_bias, h_rows, dgh = torch.ops.panm_hf.gru_recurrence_backward(
+        grad_states, grad_last, *ctx.saved_tensors
+    )
+    return d_input_gates, d_hidden, torch.mm(dgh.t(), h_rows), d_hidden_bias  # d W_hh: (3 hidden, hidden)
 
 
 def _registered() -> bool:

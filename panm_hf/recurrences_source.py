@@ -8,17 +8,19 @@ same kernel and computes the same numbers.
 SOURCE = r"""
 /* PANM's two recurrences for all decoding steps in one call each, forward and backward: the Pointer Units
  * (paper, Eqs. 1-3; PointerUnits.forward with pointer_update="attention") and, at the end of this file,
- * the Controller GRU (Eq. 7). Plain C, no torch headers: compiled once
- * per machine by panm_hf/recurrence_kernel.py with `cc -O3 -shared -fPIC [-DUSE_DOUBLE]` and
- * called through ctypes on contiguous tensors. The eager loop in pointer_unit.py (and nn.GRU) is the reference.
+ * the Controller GRU (Eq. 7). Plain C, no torch headers: compiled once per machine by
+ * panm_hf/recurrence_kernel.py with `cc -O3 -fopenmp-simd -shared -fPIC [-DUSE_DOUBLE]` and called through
+ * ctypes on contiguous tensors. The eager loop in pointer_unit.py (and nn.GRU) is the reference.
  *
  * Per row (sample b, unit u) and step t, with p = p_{t-1}, h = h_{t-1}:
  *   gi = b_i[u] + p W_i[u]         gh = b_h[u] + h W_h[u]            (3H each, gates r | z | n)
  *   r = sig(gi_r + gh_r)  z = sig(gi_z + gh_z)  n = tanh(gi_n + r gh_n)  h' = (1 - z) n + z h
  *   q = tau h' / max(|h'|, 1e-12) (cosine) or h' (dot; the keys carry 1/sqrt(H))
  *   P = softmax_s(q . K[s] + (mask[s] ? 0 : -65504))   w = P mask   p' = sum_s w[s] A[s]
- * Rows are independent; a tile of rows of one unit is processed together so each row of W_h is
- * read once per tile and step.
+ * Rows are independent. A tile of TILE rows of one unit runs through all steps together: its states are
+ * packed into TILE x n blocks (rows past the batch are zeros) so the GRU's matrix products are small
+ * register-blocked GEMMs (tile_matmul) that read each weight once per tile and step. The weight gradients,
+ * one GEMM over all rows and steps per weight, are left to BLAS (the backward writes their factors).
  *
  * Layouts (row-major, contiguous unless a stride is given):
  *   p0 (B, U, NB), h0 (B, U, H), keys: row (b, u) at keys + b*ks_b + u*ks_u, (S, H) contiguous,
@@ -36,11 +38,13 @@ typedef double real;
 #define EXP exp
 #define TANH tanh
 #define SQRT sqrt
+#define JB 8
 #else
 typedef float real;
 #define EXP expf
 #define TANH tanhf
 #define SQRT sqrtf
+#define JB 16
 #endif
 
 #define TILE 8
@@ -49,6 +53,56 @@ typedef float real;
 
 static real sigmoid(real x) { return (real)1 / ((real)1 + EXP(-x)); }
 
+static real *zeros(long n) { return calloc(n, sizeof(real)); }
+
+/* JB reals in one GCC/Clang vector (64 bytes: one AVX-512 register, two AVX2 ones), for the GEMM tiles. */
+typedef real vec __attribute__((vector_size(64)));
+
+static inline vec vload(const real *p) { vec v; memcpy(&v, p, sizeof v); return v; }
+static inline void vstore(real *p, vec v) { memcpy(p, &v, sizeof v); }
+
+/* out (TILE x N) = (accumulate ? out : 0) + x (TILE x K) W (K x N): TILE x JB accumulators in registers. */
+static void tile_matmul(const real *x, long K, const real *W, long N, real *out, int accumulate) {
+    long j0 = 0;
+    for (; j0 + JB <= N; j0 += JB) {
+        vec acc[TILE];
+        for (long i = 0; i < TILE; i++) {
+            const vec zero = {0};
+            acc[i] = accumulate ? vload(out + i * N + j0) : zero;
+        }
+        for (long k = 0; k < K; k++) {
+            const vec w = vload(W + k * N + j0);
+            for (long i = 0; i < TILE; i++) acc[i] += x[i * K + k] * w;
+        }
+        for (long i = 0; i < TILE; i++) vstore(out + i * N + j0, acc[i]);
+    }
+    if (j0 < N) {  /* the last N % JB columns */
+        const long jb = N - j0;
+        real acc[TILE][JB];
+        for (long i = 0; i < TILE; i++)
+            for (long jj = 0; jj < jb; jj++) acc[i][jj] = accumulate ? out[i * N + j0 + jj] : 0;
+        for (long k = 0; k < K; k++) {
+            const real *w = W + k * N + j0;
+            for (long i = 0; i < TILE; i++)
+                for (long jj = 0; jj < jb; jj++) acc[i][jj] += x[i * K + k] * w[jj];
+        }
+        for (long i = 0; i < TILE; i++)
+            for (long jj = 0; jj < jb; jj++) out[i * N + j0 + jj] = acc[i][jj];
+    }
+}
+
+static void transpose(const real *W, long rows, long cols, real *out) {
+    for (long r = 0; r < rows; r++)
+        for (long c = 0; c < cols; c++) out[c * rows + r] = W[r * cols + c];
+}
+
+static real dot(const real *a, const real *b, long n) {
+    real acc = 0;
+#pragma omp simd reduction(+ : acc)
+    for (long j = 0; j < n; j++) acc += a[j] * b[j];
+    return acc;
+}
+
 void pointer_forward(long U, long B, long T, long S, long NB, long H, int cosine, double tau_d,
                      const real *p0, const real *h0, const real *keys, long ks_b, long ks_u,
                      const real *bank, const unsigned char *mask, const real *w_i, const real *b_i,
@@ -56,47 +110,38 @@ void pointer_forward(long U, long B, long T, long S, long NB, long H, int cosine
                      real *hs, real *ps, real *gates, real *norms, real *probs) {
     const long G = 3 * H;
     const real tau = (real)tau_d;
-    real *gh = malloc(sizeof(real) * TILE * G);
-    real *gi = malloc(sizeof(real) * G);
-    real *q = malloc(sizeof(real) * H);
+    real *hpack = zeros(TILE * H), *ppack = zeros(TILE * NB), *gh = zeros(TILE * G), *gi = zeros(TILE * G);
+    real *q = zeros(H);
     for (long u = 0; u < U; u++) {
         const real *Wi = w_i + u * NB * G, *Bi = b_i + u * G, *Wh = w_h + u * H * G, *Bh = b_h + u * G;
         for (long b0 = 0; b0 < B; b0 += TILE) {
             const long nb = B - b0 < TILE ? B - b0 : TILE;
+            memset(hpack, 0, sizeof(real) * TILE * H);
+            memset(ppack, 0, sizeof(real) * TILE * NB);
             for (long i = 0; i < nb; i++) {  /* step 0 of the saved states: h_0 and p_0 */
                 const long row = (b0 + i) * U + u;
                 memcpy(hs + row * (T + 1) * H, h0 + row * H, sizeof(real) * H);
                 memcpy(ps + row * (T + 1) * NB, p0 + row * NB, sizeof(real) * NB);
+                memcpy(hpack + i * H, h0 + row * H, sizeof(real) * H);
+                memcpy(ppack + i * NB, p0 + row * NB, sizeof(real) * NB);
             }
             for (long t = 0; t < T; t++) {
-                /* gh = b_h + h W_h for the tile: each row of W_h read once */
-                for (long i = 0; i < nb; i++) memcpy(gh + i * G, Bh, sizeof(real) * G);
-                for (long k = 0; k < H; k++) {
-                    const real *wrow = Wh + k * G;
-                    for (long i = 0; i < nb; i++) {
-                        const real hk = hs[((b0 + i) * U + u) * (T + 1) * H + t * H + k];
-                        real *g = gh + i * G;
-                        for (long j = 0; j < G; j++) g[j] += hk * wrow[j];
-                    }
-                }
+                tile_matmul(hpack, H, Wh, G, gh, 0);  /* h W_h for the tile */
+                tile_matmul(ppack, NB, Wi, G, gi, 0);  /* p W_i */
                 for (long i = 0; i < nb; i++) {
                     const long b = b0 + i, row = b * U + u;
-                    const real *h = hs + row * (T + 1) * H + t * H, *p = ps + row * (T + 1) * NB + t * NB;
+                    const real *h = hs + row * (T + 1) * H + t * H;
                     real *hn = hs + row * (T + 1) * H + (t + 1) * H, *pn = ps + row * (T + 1) * NB + (t + 1) * NB;
                     real *gt = gates + (row * T + t) * 4 * H;
-                    const real *g = gh + i * G;
-                    memcpy(gi, Bi, sizeof(real) * G);
-                    for (long k = 0; k < NB; k++) {
-                        const real pk = p[k], *wrow = Wi + k * G;
-                        for (long j = 0; j < G; j++) gi[j] += pk * wrow[j];
-                    }
+                    const real *g = gh + i * G, *x = gi + i * G;
                     real sq = 0;
                     for (long j = 0; j < H; j++) {
-                        const real r = sigmoid(gi[j] + g[j]);
-                        const real z = sigmoid(gi[H + j] + g[H + j]);
-                        const real n = TANH(gi[2 * H + j] + r * g[2 * H + j]);
+                        const real r = sigmoid(x[j] + Bi[j] + g[j] + Bh[j]);
+                        const real z = sigmoid(x[H + j] + Bi[H + j] + g[H + j] + Bh[H + j]);
+                        const real ghn = g[2 * H + j] + Bh[2 * H + j];
+                        const real n = TANH(x[2 * H + j] + Bi[2 * H + j] + r * ghn);
                         const real hj = (1 - z) * n + z * h[j];
-                        gt[j] = r; gt[H + j] = z; gt[2 * H + j] = n; gt[3 * H + j] = g[2 * H + j];
+                        gt[j] = r; gt[H + j] = z; gt[2 * H + j] = n; gt[3 * H + j] = ghn;
                         hn[j] = hj;
                         sq += hj * hj;
                     }
@@ -109,11 +154,8 @@ void pointer_forward(long U, long B, long T, long S, long NB, long H, int cosine
                     real *P = probs + (row * T + t) * S;
                     real top = -INFINITY;
                     for (long s = 0; s < S; s++) {
-                        real sc = m[s] ? 0 : (real)MASKED;
-                        const real *k = K + s * H;
-                        for (long j = 0; j < H; j++) sc += q[j] * k[j];
-                        P[s] = sc;
-                        if (sc > top) top = sc;
+                        P[s] = (m[s] ? 0 : (real)MASKED) + dot(q, K + s * H, H);
+                        if (P[s] > top) top = P[s];
                     }
                     real total = 0;
                     for (long s = 0; s < S; s++) { P[s] = EXP(P[s] - top); total += P[s]; }
@@ -125,43 +167,55 @@ void pointer_forward(long U, long B, long T, long S, long NB, long H, int cosine
                         const real *a = bank + (b * S + s) * NB;
                         for (long j = 0; j < NB; j++) pn[j] += w[s] * a[j];
                     }
+                    memcpy(hpack + i * H, hn, sizeof(real) * H);
+                    memcpy(ppack + i * NB, pn, sizeof(real) * NB);
                 }
             }
             for (long i = 0; i < nb; i++) {
                 const long row = (b0 + i) * U + u;
-                memcpy(h_final + row * H, hs + row * (T + 1) * H + T * H, sizeof(real) * H);
-                memcpy(p_final + row * NB, ps + row * (T + 1) * NB + T * NB, sizeof(real) * NB);
+                memcpy(h_final + row * H, hpack + i * H, sizeof(real) * H);
+                memcpy(p_final + row * NB, ppack + i * NB, sizeof(real) * NB);
             }
         }
     }
-    free(gh); free(gi); free(q);
+    free(hpack); free(ppack); free(gh); free(gi); free(q);
 }
 
-/* Gradients of every input but the mask; accumulators are zeroed here. g_weights (B, T, U, S),
- * g_p_final (B, U, NB), g_h_final (B, U, H); d_keys (B, U, S, H) contiguous; d_tau one value. */
+/* Gradients of every input but the mask and the GRU weights; accumulators are zeroed here. g_weights
+ * (B, T, U, S), g_p_final (B, U, NB), g_h_final (B, U, H); d_keys (B, U, S, H) contiguous; d_tau one value.
+ * The weight gradients are one GEMM over all rows and steps, left to BLAS: this writes their factors,
+ * per unit and row r = b T + t, h_rows (U, B T, H) = h_t, p_rows (U, B T, NB) = p_t and the gate
+ * gradients dgh_rows, dgi_rows (U, B T, 3H), so that dW_h[u] = h_rows[u]^T dgh_rows[u], and likewise W_i. */
 void pointer_backward(long U, long B, long T, long S, long NB, long H, int cosine, double tau_d,
                       const real *keys, long ks_b, long ks_u, const real *bank, const unsigned char *mask,
                       const real *w_i, const real *w_h, const real *hs, const real *ps, const real *gates,
                       const real *norms, const real *probs, const real *g_weights, const real *g_p_final,
-                      const real *g_h_final, real *d_p0, real *d_h0, real *d_keys, real *d_bank, real *d_w_i,
-                      real *d_b_i, real *d_w_h, real *d_b_h, real *d_tau) {
+                      const real *g_h_final, real *d_p0, real *d_h0, real *d_keys, real *d_bank, real *d_b_i,
+                      real *d_b_h, real *d_tau, real *h_rows_all, real *p_rows_all, real *dgh_rows_all,
+                      real *dgi_rows_all) {
     const long G = 3 * H;
     const real tau = (real)tau_d;
     memset(d_keys, 0, sizeof(real) * B * U * S * H);
     memset(d_bank, 0, sizeof(real) * B * S * NB);
-    memset(d_w_i, 0, sizeof(real) * U * NB * G);
     memset(d_b_i, 0, sizeof(real) * U * G);
-    memset(d_w_h, 0, sizeof(real) * U * H * G);
     memset(d_b_h, 0, sizeof(real) * U * G);
     double dtau = 0;
-    real *dh = malloc(sizeof(real) * TILE * H), *dp = malloc(sizeof(real) * TILE * NB);
-    real *dgi = malloc(sizeof(real) * TILE * G), *dgh = malloc(sizeof(real) * TILE * G);
-    real *dw = malloc(sizeof(real) * S), *q = malloc(sizeof(real) * H), *dq = malloc(sizeof(real) * H);
+    real *dh = zeros(TILE * H), *dp = zeros(TILE * NB), *dgi = zeros(TILE * G), *dgh = zeros(TILE * G);
+    const long R = B * T;  /* rows (b, t) of one unit, for its weight gradients */
+    real *WhT = zeros(G * H), *WiT = zeros(G * NB);
+    real *dw = zeros(S), *q = zeros(H), *dq = zeros(H);
     for (long u = 0; u < U; u++) {
-        const real *Wi = w_i + u * NB * G, *Wh = w_h + u * H * G;
-        real *dWi = d_w_i + u * NB * G, *dBi = d_b_i + u * G, *dWh = d_w_h + u * H * G, *dBh = d_b_h + u * G;
+        real *dBi = d_b_i + u * G, *dBh = d_b_h + u * G;
+        real *h_rows = h_rows_all + u * R * H, *p_rows = p_rows_all + u * R * NB;
+        real *dgh_rows = dgh_rows_all + u * R * G, *dgi_rows = dgi_rows_all + u * R * G;
+        transpose(w_h + u * H * G, H, G, WhT);
+        transpose(w_i + u * NB * G, NB, G, WiT);
         for (long b0 = 0; b0 < B; b0 += TILE) {
             const long nb = B - b0 < TILE ? B - b0 : TILE;
+            memset(dh, 0, sizeof(real) * TILE * H);
+            memset(dp, 0, sizeof(real) * TILE * NB);
+            memset(dgh, 0, sizeof(real) * TILE * G);
+            memset(dgi, 0, sizeof(real) * TILE * G);
             for (long i = 0; i < nb; i++) {
                 const long row = (b0 + i) * U + u;
                 memcpy(dh + i * H, g_h_final + row * H, sizeof(real) * H);
@@ -199,12 +253,7 @@ void pointer_backward(long U, long B, long T, long S, long NB, long H, int cosin
                         for (long j = 0; j < H; j++) { dq[j] += ds * k[j]; dk[j] += ds * q[j]; }
                     }
                     if (cosine) {  /* q = tau u, u = h / max(|h|, eps) */
-                        real udu = 0, dt = 0;
-                        for (long j = 0; j < H; j++) {
-                            const real uj = hn[j] / denom;
-                            dt += dq[j] * uj;
-                            udu += uj * tau * dq[j];
-                        }
+                        const real dt = dot(dq, hn, H) / denom, udu = tau * dt;
                         dtau += dt;
                         for (long j = 0; j < H; j++) {
                             const real du = tau * dq[j];
@@ -227,27 +276,15 @@ void pointer_backward(long U, long B, long T, long S, long NB, long H, int cosin
                         dhi[j] = d * z;  /* through h' = ... + z h */
                     }
                     for (long j = 0; j < G; j++) { dBi[j] += gi[j]; dBh[j] += gh[j]; }
-                    const real *p = ps + row * (T + 1) * NB + t * NB;
-                    for (long k = 0; k < NB; k++) {
-                        const real pk = p[k], *wrow = Wi + k * G;
-                        real *dwrow = dWi + k * G, acc = 0;
-                        for (long j = 0; j < G; j++) { dwrow[j] += pk * gi[j]; acc += wrow[j] * gi[j]; }
-                        dpi[k] = acc;
-                    }
+                    const long r = b * T + t;
+                    memcpy(h_rows + r * H, h, sizeof(real) * H);
+                    memcpy(p_rows + r * NB, ps + row * (T + 1) * NB + t * NB, sizeof(real) * NB);
+                    memcpy(dgh_rows + r * G, gh, sizeof(real) * G);
+                    memcpy(dgi_rows + r * G, gi, sizeof(real) * G);
                 }
-                /* the W_h products for the whole tile: dW_h += h (x) dgh, dh += W_h dgh */
-                for (long k = 0; k < H; k++) {
-                    const real *wrow = Wh + k * G;
-                    real *dwrow = dWh + k * G;
-                    for (long i = 0; i < nb; i++) {
-                        const long row = (b0 + i) * U + u;
-                        const real hk = hs[row * (T + 1) * H + t * H + k];
-                        const real *gh = dgh + i * G;
-                        real acc = 0;
-                        for (long j = 0; j < G; j++) { dwrow[j] += hk * gh[j]; acc += wrow[j] * gh[j]; }
-                        dh[i * H + k] += acc;
-                    }
-                }
+                /* through the tile's GRU products: dh += dgh W_h^T, dp = dgi W_i^T */
+                tile_matmul(dgh, G, WhT, H, dh, 1);
+                tile_matmul(dgi, G, WiT, NB, dp, 0);
             }
             for (long i = 0; i < nb; i++) {
                 const long row = (b0 + i) * U + u;
@@ -257,7 +294,8 @@ void pointer_backward(long U, long B, long T, long S, long NB, long H, int cosin
         }
     }
     *d_tau = (real)dtau;
-    free(dh); free(dp); free(dgi); free(dgh); free(dw); free(q); free(dq);
+    free(dh); free(dp); free(dgi); free(dgh); free(WhT); free(WiT);
+    free(dw); free(q); free(dq);
 }
 
 /* The Controller GRU (nn.GRU, one layer, one direction, batch_first) over all steps, its input gates
@@ -269,49 +307,46 @@ void pointer_backward(long U, long B, long T, long S, long NB, long H, int cosin
 void gru_forward(long B, long T, long H, const real *gi, const real *h0, const real *w_hh, const real *b_hh,
                  real *states, real *last, real *gates) {
     const long G = 3 * H;
-    real *gh = malloc(sizeof(real) * TILE * G);
+    real *gh = zeros(TILE * G), *hpack = zeros(TILE * H), *WT = zeros(H * G);
+    transpose(w_hh, G, H, WT);  /* (H, 3H): h W_hh^T as a tile GEMM */
     for (long b0 = 0; b0 < B; b0 += TILE) {
         const long nb = B - b0 < TILE ? B - b0 : TILE;
+        memset(hpack, 0, sizeof(real) * TILE * H);
+        for (long i = 0; i < nb; i++) memcpy(hpack + i * H, h0 + (b0 + i) * H, sizeof(real) * H);
         for (long t = 0; t < T; t++) {
-            for (long j = 0; j < G; j++) {  /* each row of W_hh read once per tile */
-                const real *w = w_hh + j * H;
-                for (long i = 0; i < nb; i++) {
-                    const long b = b0 + i;
-                    const real *h = t ? states + (b * T + t - 1) * H : h0 + b * H;
-                    real acc = b_hh[j];
-                    for (long k = 0; k < H; k++) acc += w[k] * h[k];
-                    gh[i * G + j] = acc;
-                }
-            }
+            tile_matmul(hpack, H, WT, G, gh, 0);
             for (long i = 0; i < nb; i++) {
                 const long b = b0 + i;
-                const real *h = t ? states + (b * T + t - 1) * H : h0 + b * H, *x = gi + (b * T + t) * G;
-                const real *g = gh + i * G;
-                real *hn = states + (b * T + t) * H, *gt = gates + (b * T + t) * 4 * H;
+                const real *x = gi + (b * T + t) * G, *g = gh + i * G;
+                real *h = hpack + i * H, *hn = states + (b * T + t) * H, *gt = gates + (b * T + t) * 4 * H;
                 for (long j = 0; j < H; j++) {
-                    const real r = sigmoid(x[j] + g[j]);
-                    const real z = sigmoid(x[H + j] + g[H + j]);
-                    const real n = TANH(x[2 * H + j] + r * g[2 * H + j]);
+                    const real r = sigmoid(x[j] + g[j] + b_hh[j]);
+                    const real z = sigmoid(x[H + j] + g[H + j] + b_hh[H + j]);
+                    const real ghn = g[2 * H + j] + b_hh[2 * H + j];
+                    const real n = TANH(x[2 * H + j] + r * ghn);
                     hn[j] = (1 - z) * n + z * h[j];
-                    gt[j] = r; gt[H + j] = z; gt[2 * H + j] = n; gt[3 * H + j] = g[2 * H + j];
+                    gt[j] = r; gt[H + j] = z; gt[2 * H + j] = n; gt[3 * H + j] = ghn;
                 }
+                memcpy(h, hn, sizeof(real) * H);
             }
         }
-        for (long i = 0; i < nb; i++)
-            memcpy(last + (b0 + i) * H, states + ((b0 + i) * T + T - 1) * H, sizeof(real) * H);
+        for (long i = 0; i < nb; i++) memcpy(last + (b0 + i) * H, hpack + i * H, sizeof(real) * H);
     }
-    free(gh);
+    free(gh); free(hpack); free(WT);
 }
 
-/* g_states (B, T, H), g_last (B, H) -> d_gi (B, T, 3H), d_h0 (B, H), d_w_hh (3H, H), d_b_hh (3H). */
+/* g_states (B, T, H), g_last (B, H) -> d_gi (B, T, 3H), d_h0 (B, H), d_b_hh (3H), and the factors of
+ * d_w_hh = dgh_rows^T h_rows (one GEMM, left to BLAS): h_rows (B T, H) = h_{t-1}, dgh_rows (B T, 3H). */
 void gru_backward(long B, long T, long H, const real *h0, const real *w_hh, const real *states, const real *gates,
-                  const real *g_states, const real *g_last, real *d_gi, real *d_h0, real *d_w_hh, real *d_b_hh) {
+                  const real *g_states, const real *g_last, real *d_gi, real *d_h0, real *d_b_hh, real *h_rows,
+                  real *dgh_rows) {
     const long G = 3 * H;
-    memset(d_w_hh, 0, sizeof(real) * G * H);
     memset(d_b_hh, 0, sizeof(real) * G);
-    real *dh = malloc(sizeof(real) * TILE * H), *dgh = malloc(sizeof(real) * TILE * G);
+    real *dh = zeros(TILE * H), *dgh = zeros(TILE * G);
     for (long b0 = 0; b0 < B; b0 += TILE) {
         const long nb = B - b0 < TILE ? B - b0 : TILE;
+        memset(dh, 0, sizeof(real) * TILE * H);
+        memset(dgh, 0, sizeof(real) * TILE * G);
         for (long i = 0; i < nb; i++) memcpy(dh + i * H, g_last + (b0 + i) * H, sizeof(real) * H);
         for (long t = T - 1; t >= 0; t--) {
             for (long i = 0; i < nb; i++) {
@@ -330,18 +365,10 @@ void gru_backward(long B, long T, long H, const real *h0, const real *w_hh, cons
                     dhi[j] = d * z;
                 }
                 for (long j = 0; j < G; j++) d_b_hh[j] += dg[j];
+                memcpy(h_rows + (b * T + t) * H, h, sizeof(real) * H);
+                memcpy(dgh_rows + (b * T + t) * G, dg, sizeof(real) * G);
             }
-            for (long j = 0; j < G; j++) {  /* dh += W_hh^T dgh, dW_hh += dgh h^T, W_hh's row j once per tile */
-                const real *w = w_hh + j * H;
-                real *dw = d_w_hh + j * H;
-                for (long i = 0; i < nb; i++) {
-                    const long b = b0 + i;
-                    const real *h = t ? states + (b * T + t - 1) * H : h0 + b * H;
-                    const real dj = dgh[i * G + j];
-                    real *dhi = dh + i * H;
-                    for (long k = 0; k < H; k++) { dhi[k] += dj * w[k]; dw[k] += dj * h[k]; }
-                }
-            }
+            tile_matmul(dgh, G, w_hh, H, dh, 1);  /* dh += dgh W_hh */
         }
         for (long i = 0; i < nb; i++) memcpy(d_h0 + (b0 + i) * H, dh + i * H, sizeof(real) * H);
     }
