@@ -32,10 +32,11 @@ from panm_hf import controller, memory, pointer_unit, reads  # noqa: E402
 OTHER = "backbone + loss"
 # (owner, method name) -> part; the innermost running part wins
 PARTS = [
+    (memory.PanmMemory, "forward", "PANM glue (PanmMemory.forward)"),
     (memory.PanmMemory, "bind", "binding (address bank, g^a keys)"),
     (memory.PanmMemory, "initial_state", "initial state"),
     (pointer_unit.PointerUnits, "forward", "pointer loop"),
-    (reads, "mode1_read", "reads (Mode 1, Mode 2)"),
+    (memory, "mode1_read", "reads (Mode 1, Mode 2)"),  # memory.py's own reference to it
     (reads.Mode2Reader, "forward", "reads (Mode 1, Mode 2)"),
     (controller.Controller, "forward", "controller (GRU, g^o)"),
 ]
