@@ -82,8 +82,19 @@ SIZES = {
 }
 
 
+RECURRENCE_KERNEL: str | None = None  # --recurrence-kernel: PanmMemoryConfig.recurrence_kernel of every PANM model
+
+
 # -- model/batch builders: each returns (model, loss_fn, step_tokens) ----------------------------------
 def build_case(case: str, variant: str, device: str, src_len: int | None = None, tgt_len: int | None = None,
+               size: str = "full"):
+    model, loss_fn, step_tokens = _build_case(case, variant, device, src_len, tgt_len, size)
+    if RECURRENCE_KERNEL is not None:
+        set_recurrence_kernel(model, RECURRENCE_KERNEL)
+    return model, loss_fn, step_tokens
+
+
+def _build_case(case: str, variant: str, device: str, src_len: int | None = None, tgt_len: int | None = None,
                size: str = "full"):
     sizes = SIZES[size]
     torch.manual_seed(0)
@@ -182,7 +193,8 @@ def peak_memory(case: str, variant: str, args) -> float | None:
         train_step(model, loss_fn, optimizer)
         torch.cuda.synchronize()
         return torch.cuda.max_memory_allocated() / 2**20
-    probe = subprocess.run([sys.executable, __file__, "--memory-probe", case, variant, args.size],
+    kernel = ["--recurrence-kernel", RECURRENCE_KERNEL] if RECURRENCE_KERNEL else []
+    probe = subprocess.run([sys.executable, __file__, "--memory-probe", case, variant, args.size, *kernel],
                            capture_output=True, text=True, check=True)
     return float(probe.stdout.strip().splitlines()[-1])
 
@@ -333,7 +345,7 @@ def bench_cost(case: str, args) -> dict:
             continue
         set_recurrence_kernel(model, "eager")
         eager = step_cost(lambda m=model, f=loss_fn: f(m))
-        set_recurrence_kernel(model, "auto")
+        set_recurrence_kernel(model, RECURRENCE_KERNEL or "auto")
         counter = OpCounter()
         with counter:
             loss_fn(model).backward()
@@ -370,8 +382,13 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     parser.add_argument("--output", default="docs/results/overhead.json")
     parser.add_argument("--smoke", action="store_true", help="tiny models, 1 repeat, 4 new tokens (seconds)")
+    parser.add_argument("--recurrence-kernel", choices=("auto", "eager", "fused"), default=None,
+                        help="PanmMemoryConfig.recurrence_kernel for every PANM model (default: the config's, auto); "
+                             "fused on CUDA runs the Triton kernel (the cost section always reports eager beside)")
     parser.add_argument("--memory-probe", nargs=3, metavar=("CASE", "VARIANT", "SIZE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    global RECURRENCE_KERNEL
+    RECURRENCE_KERNEL = args.recurrence_kernel
     args.size = "smoke" if args.smoke else "full"
     if args.smoke:
         args.repeats, args.warmup, args.gen_repeats, args.new_tokens = 1, 1, 1, 4

@@ -59,7 +59,10 @@ class Controller(nn.Module):
         return self.initial_state(pooled)
 
     def fused_unavailable_reason(self, inputs: torch.Tensor, hidden: torch.Tensor) -> str | None:
-        """Why the GRU cannot run as one fused kernel on these inputs; None when it can."""
+        """Why the GRU cannot run as one fused kernel on these inputs; None when it can (on CUDA, cuDNN's
+        `nn.GRU` is that kernel)."""
+        if inputs.device.type == "cuda":
+            return None
         tensors = [inputs, hidden, *self.gru.parameters()]
         if len({t.dtype for t in tensors}) > 1 or len({t.device for t in tensors}) > 1:
             return "the inputs, state and GRU parameters differ in dtype or device"
@@ -91,7 +94,7 @@ class Controller(nn.Module):
                 f'recurrence_kernel="fused" cannot run the Controller GRU here: {reason}. Use '
                 'recurrence_kernel="auto" (fused where it applies) or "eager".'
             )
-        if self.recurrence_kernel != "eager" and reason is None:  # the same GRU, all steps in one kernel
+        if self.recurrence_kernel != "eager" and reason is None and not inputs.is_cuda:  # all steps in one kernel
             gru = self.gru
             input_gates = nn.functional.linear(inputs, gru.weight_ih_l0, gru.bias_ih_l0)  # (batch, steps, 3*hidden)
             states, last, _ = torch.ops.panm_hf.gru_recurrence(input_gates, hidden, gru.weight_hh_l0, gru.bias_hh_l0)

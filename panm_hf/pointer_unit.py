@@ -216,7 +216,7 @@ class PointerUnits(nn.Module):
         tensors = [pointers, hidden, address_bank, address_keys, *self.cell.parameters(), *self.scorer.parameters()]
         if len({t.dtype for t in tensors}) > 1 or len({t.device for t in tensors}) > 1:
             return "the states, address bank, keys and parameters differ in dtype or device"
-        return unavailable_reason(address_keys.dtype, address_keys.device)
+        return unavailable_reason(address_keys.dtype, address_keys.device, explicit=self.recurrence_kernel == "fused")
 
     def _fused_forward(
         self,

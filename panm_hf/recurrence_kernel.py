@@ -102,10 +102,32 @@ def load_library(dtype_name: str) -> ctypes.CDLL | str:
     return library
 
 
-def unavailable_reason(dtype: torch.dtype, device: torch.device) -> str | None:
-    """Why the fused kernel cannot run for tensors of this dtype and device; None when it can."""
+@functools.cache
+def register_triton() -> str | None:
+    """Register the Triton port of the Pointer-Unit kernels (`panm_hf.recurrence_triton`) as the custom ops'
+    CUDA kernels; a string saying why when Triton is missing."""
+    try:
+        from .recurrence_triton import pointer_backward_triton, pointer_forward_triton
+    except ImportError as error:
+        return f"the CUDA kernel needs Triton ({error})"
+    torch.library.register_kernel("panm_hf::pointer_recurrence", "cuda", pointer_forward_triton)
+    torch.library.register_kernel("panm_hf::pointer_recurrence_backward", "cuda", pointer_backward_triton)
+    return None
+
+
+def unavailable_reason(dtype: torch.dtype, device: torch.device, *, explicit: bool = False) -> str | None:
+    """Why the fused Pointer-Unit kernel cannot run for tensors of this dtype and device; None when it can.
+
+    On CUDA it is the Triton port, checked only under Triton's interpreter so far (no GPU was available):
+    it runs when asked for explicitly (`recurrence_kernel="fused"`), not under `"auto"`."""
+    if device.type == "cuda":
+        if not explicit:
+            return 'the Triton kernel for CUDA is not validated on a GPU yet; it runs with recurrence_kernel="fused"'
+        if dtype not in DTYPES:
+            return f"no fused kernel for dtype {dtype} (float32 and float64 only)"
+        return register_triton()
     if device.type != "cpu":
-        return f"no fused kernel for device {device.type!r} (CPU only)"
+        return f"no fused kernel for device {device.type!r} (CPU, and CUDA with Triton)"
     if dtype not in DTYPES:
         return f"no fused kernel for dtype {dtype} (float32 and float64 only)"
     library = load_library(DTYPES[dtype])

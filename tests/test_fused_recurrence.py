@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -276,3 +281,62 @@ def test_fused_controller_raises_or_falls_back_where_it_cannot_run():
     controller.recurrence_kernel = "auto"
     outputs, _ = controller(reads.float(), None, hidden.float())
     assert outputs.shape == (2, 3, 2)
+
+
+TRITON_CHECK = """
+import os, sys
+os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported: the kernels run on CPU tensors
+import torch
+from panm_hf import PanmMemoryConfig
+from panm_hf.pointer_unit import PointerUnits
+from panm_hf.recurrence_triton import pointer_backward_triton, pointer_forward_triton
+
+torch.manual_seed(0)
+worst = {}
+for scoring in ("cosine", "dot"):
+    for dtype in (torch.float64, torch.float32):
+        U, B, S, T, NB, H = 2, 3, 9, 4, 6, 40  # H > one block of W_h rows
+        config = PanmMemoryConfig(address_bits=NB, num_pointer_units=U, pointer_hidden_size=H, scoring=scoring)
+        pu = PointerUnits(config).to(dtype)
+        with torch.no_grad():
+            for p in pu.parameters():
+                p.add_(0.3 * torch.randn_like(p))
+        bank = torch.randint(0, 2, (B, S, NB)).to(dtype)
+        mask = torch.ones(B, S, dtype=torch.bool)
+        mask[1, 4:] = False
+        mask[2] = False
+        keys = pu.address_keys(bank).detach()
+        c = pu.cell
+        tau = pu.scorer.inverse_temperature.detach() if scoring == "cosine" else None
+        args = (torch.rand(B, U, NB, dtype=dtype), torch.randn(B, U, H, dtype=dtype), keys, bank, mask,
+                c.input_gates.weight.detach(), c.input_gates.bias.detach(), c.hidden_gates.weight.detach(),
+                c.hidden_gates.bias.detach(), tau, T)
+        ref, tri = torch.ops.panm_hf.pointer_recurrence(*args), pointer_forward_triton(*args)
+        grads = (torch.randn(B, T, U, S, dtype=dtype), torch.randn(B, U, NB, dtype=dtype),
+                 torch.randn(B, U, H, dtype=dtype))
+        bargs = (*grads, keys, bank, mask, c.input_gates.weight.detach(), c.hidden_gates.weight.detach(), tau,
+                 *ref[3:])
+        ref_b, tri_b = torch.ops.panm_hf.pointer_recurrence_backward(*bargs), pointer_backward_triton(*bargs)
+        pairs = list(zip(ref, tri)) + list(zip(ref_b, tri_b))
+        assert all(a.shape == b.shape for a, b in pairs)
+        worst[f"{scoring}-{dtype}"] = max((a - b).abs().max().item() for a, b in pairs)
+print(worst)
+assert all(v < (1e-12 if "float64" in k else 2e-5) for k, v in worst.items()), worst
+print("OK")
+"""
+
+
+@needs_kernel
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed (CI has none)")
+def test_triton_port_matches_the_c_kernel_under_the_interpreter():
+    """The CUDA (Triton) kernels, run by Triton's interpreter on CPU tensors, against the C kernel: all outputs."""
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    result = subprocess.run([sys.executable, "-c", TRITON_CHECK], capture_output=True, text=True, env=env, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().endswith("OK")
+
+
+def test_cuda_runs_the_triton_kernel_only_when_asked_for():
+    cuda = torch.device("cuda")
+    assert "not validated" in kernel_module.unavailable_reason(torch.float32, cuda)
+    assert "dtype" in kernel_module.unavailable_reason(torch.float16, cuda, explicit=True)
