@@ -78,9 +78,10 @@ class PanmMemoryConfig:
             results agree to rounding). `"eager"`: one step at a time in PyTorch ops and `nn.GRU` (the
             reference). `"fused"`: each recurrence's steps in one compiled kernel and its backward in
             another (`panm_hf.recurrence_kernel`); only for `pointer_update="attention"` with a (batch,
-            slots) mask, on CPU, in float32/float64, with a C compiler; anything else raises a ValueError
-            saying why. `"auto"`: fused where it applies, eager elsewhere (causal decoding's per-step
-            masks, `"shift"`, GPU, half precision, no compiler).
+            slots) mask, in float32/float64, on CPU (a C kernel; needs a C compiler) or on CUDA (the
+            Pointer Units' Triton port, not yet validated on a GPU; the Controller keeps cuDNN's GRU);
+            anything else raises a ValueError saying why. `"auto"`: fused on CPU where it applies, eager
+            elsewhere (causal decoding's per-step masks, `"shift"`, CUDA, half precision, no compiler).
     """
 
     address_bits: int = field(default=10, metadata={"help": "PANM b: inputs may have at most 2^b tokens."})

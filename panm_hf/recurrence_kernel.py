@@ -15,7 +15,10 @@ final pointers and hidden, plus the per-step states the backward needs) with
 `panm_hf::gru_recurrence_backward`, wired with `register_autograd`, with fake (meta) kernels so
 `torch.compile` can trace through them. Scope: `pointer_update="attention"` with a (batch, slots)
 mask, on CPU in float32/float64; everything else runs the eager loop and `nn.GRU`, which stay the
-reference (`PanmMemoryConfig.recurrence_kernel`).
+reference (`PanmMemoryConfig.recurrence_kernel`). On CUDA the Pointer-Unit ops dispatch to a Triton
+port of the same algorithm (`panm_hf.recurrence_triton`), registered on first use and only with
+`recurrence_kernel="fused"`: it has been checked against the C kernel under Triton's interpreter,
+never on a GPU.
 """
 
 from __future__ import annotations
