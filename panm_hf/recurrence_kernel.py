@@ -61,9 +61,27 @@ def find_compiler() -> str | None:
 def _cpu_name() -> str:
     try:  # -march=native code must not be reused on another CPU sharing the cache
         with open("/proc/cpuinfo") as info:
-            return next((line for line in info if line.startswith(("model name", "flags"))), "")
+            lines = [line for line in info if line.startswith(("model name", "flags"))]
+        return "".join(sorted(set(lines)))
     except OSError:
         return platform.processor()
+
+
+def _build(source: str, compiler: str, defines: list[str], target: Path) -> str | None:
+    """Compile `source` into `target`; a string saying why when the compiler fails."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
+        built, source_file = Path(scratch) / target.name, Path(scratch) / "recurrences.c"
+        source_file.write_text(source)
+        errors = ""
+        for extra in (_NATIVE, []):  # -march=native where the compiler knows it
+            command = [compiler, *_FLAGS, *extra, *defines, str(source_file), "-o", str(built), "-lm"]
+            result = subprocess.run(command, capture_output=True, text=True)
+            if result.returncode == 0:
+                os.replace(built, target)  # atomic: concurrent processes never load a half-written file
+                return None
+            errors = result.stderr.strip()
+    return f"compiling the recurrences' C source with {compiler} failed: {errors[-500:]}"
 
 
 @functools.cache
@@ -76,22 +94,14 @@ def load_library(dtype_name: str) -> ctypes.CDLL | str:
     defines = ["-DUSE_DOUBLE"] if dtype_name == "float64" else []
     key = hashlib.sha256("\n".join([source, compiler, *_FLAGS, *defines, platform.machine(), _cpu_name()]).encode())
     target = cache_dir() / f"recurrences_{dtype_name}_{key.hexdigest()[:16]}.so"
-    if not target.exists():
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
-            built, source_file = Path(scratch) / target.name, Path(scratch) / "recurrences.c"
-            source_file.write_text(source)
-            errors = ""
-            for extra in (_NATIVE, []):  # -march=native where the compiler knows it
-                command = [compiler, *_FLAGS, *extra, *defines, str(source_file), "-o", str(built), "-lm"]
-                result = subprocess.run(command, capture_output=True, text=True)
-                if result.returncode == 0:
-                    break
-                errors = result.stderr.strip()
-            else:
-                return f"compiling the recurrences' C source with {compiler} failed: {errors[-500:]}"
-            os.replace(built, target)  # atomic: concurrent processes never load a half-written file
-    library = ctypes.CDLL(str(target))
+    try:  # an unwritable cache or an unloadable library leaves the eager path, never an error under "auto"
+        if not target.exists():
+            failure = _build(source, compiler, defines, target)
+            if failure is not None:
+                return failure
+        library = ctypes.CDLL(str(target))
+    except OSError as error:
+        return f"the fused kernel could not be built or loaded in {target.parent} ({error}); set $PANM_HF_CACHE"
     long, ptr = ctypes.c_long, ctypes.c_void_p
     dims = [long] * 6 + [ctypes.c_int, ctypes.c_double]  # units, batch, steps, slots, bits, hidden, cosine, tau
     library.pointer_forward.argtypes = dims + [ptr, ptr, ptr, long, long] + [ptr] * 14

@@ -340,3 +340,15 @@ def test_cuda_runs_the_triton_kernel_only_when_asked_for():
     cuda = torch.device("cuda")
     assert "not validated" in kernel_module.unavailable_reason(torch.float32, cuda)
     assert "dtype" in kernel_module.unavailable_reason(torch.float16, cuda, explicit=True)
+
+
+def test_an_unwritable_cache_gives_a_reason_not_an_error(monkeypatch, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    monkeypatch.setenv("PANM_HF_CACHE", str(blocker / "cache"))  # under a file: mkdir fails
+    kernel_module.load_library.cache_clear()
+    try:
+        reason = kernel_module.unavailable_reason(torch.float32, torch.device("cpu"))
+        assert reason is not None and "PANM_HF_CACHE" in reason
+    finally:
+        kernel_module.load_library.cache_clear()
