@@ -126,6 +126,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cases", default="lstm,seq2seq")
     parser.add_argument("--recurrence-kernel", default=None, help="override PanmMemoryConfig.recurrence_kernel")
+    parser.add_argument("--smoke", action="store_true", help="tiny models (the CI test of this script)")
     parser.add_argument("--time", type=int, default=0, metavar="REPEATS",
                         help="also time training steps (forward, backward, AdamW) of the backbone and PANM with "
                              "eager and fused recurrences, interleaved, medians of REPEATS")
@@ -133,7 +134,7 @@ def main() -> None:
     torch.set_num_threads(1)
     for case in args.cases.split(","):
         variant = "panm" if case == "lstm" else "panm-replace"
-        model, loss_fn, _ = build_case(case, variant, "cpu")
+        model, loss_fn, _ = build_case(case, variant, "cpu", size="smoke" if args.smoke else "full")
         if args.recurrence_kernel is not None:
             set_recurrence_kernel(model, args.recurrence_kernel)
         model.train()
