@@ -19,8 +19,9 @@ Cases (issue "Performance"):
 Peak memory: CUDA's max_memory_allocated on GPU; on CPU the rise of the process's peak RSS
 over one training step, measured in a fresh subprocess per model (CPU RSS is coarse).
 Section "cost" (no timing): FLOPs of one training step (forward + backward, matmul-class ops,
-RNNs counted as their matmuls) and the number of aten ops it dispatches, per variant; the
-FLOP ratio backbone/PANM is the throughput ratio a purely compute-bound device would reach.
+RNNs counted as their matmuls) and the number of aten ops it dispatches, per variant (PANM with its
+default fused recurrences, and again with `recurrence_kernel="eager"`); the FLOP ratio
+backbone/PANM is the throughput ratio a purely compute-bound device would reach.
 `--smoke` runs every section on tiny models in seconds (the CI test of this script).
 """
 
@@ -81,8 +82,19 @@ SIZES = {
 }
 
 
+RECURRENCE_KERNEL: str | None = None  # --recurrence-kernel: PanmMemoryConfig.recurrence_kernel of every PANM model
+
+
 # -- model/batch builders: each returns (model, loss_fn, step_tokens) ----------------------------------
 def build_case(case: str, variant: str, device: str, src_len: int | None = None, tgt_len: int | None = None,
+               size: str = "full"):
+    model, loss_fn, step_tokens = _build_case(case, variant, device, src_len, tgt_len, size)
+    if RECURRENCE_KERNEL is not None:
+        set_recurrence_kernel(model, RECURRENCE_KERNEL)
+    return model, loss_fn, step_tokens
+
+
+def _build_case(case: str, variant: str, device: str, src_len: int | None = None, tgt_len: int | None = None,
                size: str = "full"):
     sizes = SIZES[size]
     torch.manual_seed(0)
@@ -181,7 +193,8 @@ def peak_memory(case: str, variant: str, args) -> float | None:
         train_step(model, loss_fn, optimizer)
         torch.cuda.synchronize()
         return torch.cuda.max_memory_allocated() / 2**20
-    probe = subprocess.run([sys.executable, __file__, "--memory-probe", case, variant, args.size],
+    kernel = ["--recurrence-kernel", RECURRENCE_KERNEL] if RECURRENCE_KERNEL else []
+    probe = subprocess.run([sys.executable, __file__, "--memory-probe", case, variant, args.size, *kernel],
                            capture_output=True, text=True, check=True)
     return float(probe.stdout.strip().splitlines()[-1])
 
@@ -312,16 +325,37 @@ def step_cost(loss_fn) -> dict:
     return {"gflops": flops.get_total_flops() / 1e9, "aten_ops": counter.count}
 
 
+def set_recurrence_kernel(model, kernel: str) -> None:
+    """Switch every PANM part with a `recurrence_kernel` (Pointer Units, Controller) to `kernel`."""
+    for module in model.modules():
+        if hasattr(module, "recurrence_kernel"):
+            module.recurrence_kernel = kernel
+
+
 def bench_cost(case: str, args) -> dict:
+    """Step cost per variant; PANM's aten ops with its default kernels (fused recurrences where they apply)
+    and with `recurrence_kernel="eager"` (the step-by-step reference), for comparison. FLOPs are counted on
+    the eager path: the FLOP counter cannot see inside the fused kernels."""
     result = {}
     for variant in VARIANTS[case]:
         model, loss_fn, step_tokens = build_case(case, variant, args.device, size=args.size)
         model.train()
-        result[variant] = {**step_cost(lambda m=model, f=loss_fn: f(m)), "step_tokens": step_tokens}
+        if variant == "backbone":
+            result[variant] = {**step_cost(lambda m=model, f=loss_fn: f(m)), "step_tokens": step_tokens}
+            continue
+        set_recurrence_kernel(model, "eager")
+        eager = step_cost(lambda m=model, f=loss_fn: f(m))
+        set_recurrence_kernel(model, RECURRENCE_KERNEL or "auto")
+        counter = OpCounter()
+        with counter:
+            loss_fn(model).backward()
+        result[variant] = {"gflops": eager["gflops"], "aten_ops": counter.count, "aten_ops_eager": eager["aten_ops"],
+                           "step_tokens": step_tokens}
     base = result["backbone"]
     for row in result.values():
         row["flop_ratio"] = base["gflops"] / row["gflops"]  # the compute-bound ceiling of the throughput ratio
         row["op_ratio"] = row["aten_ops"] / base["aten_ops"]
+        row["op_ratio_eager"] = row.get("aten_ops_eager", base["aten_ops"]) / base["aten_ops"]
     return result
 
 
@@ -348,8 +382,13 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     parser.add_argument("--output", default="docs/results/overhead.json")
     parser.add_argument("--smoke", action="store_true", help="tiny models, 1 repeat, 4 new tokens (seconds)")
+    parser.add_argument("--recurrence-kernel", choices=("auto", "eager", "fused"), default=None,
+                        help="PanmMemoryConfig.recurrence_kernel for every PANM model (default: the config's, auto); "
+                             "fused on CUDA runs the Triton kernel (the cost section always reports eager beside)")
     parser.add_argument("--memory-probe", nargs=3, metavar=("CASE", "VARIANT", "SIZE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    global RECURRENCE_KERNEL
+    RECURRENCE_KERNEL = args.recurrence_kernel
     args.size = "smoke" if args.smoke else "full"
     if args.smoke:
         args.repeats, args.warmup, args.gen_repeats, args.new_tokens = 1, 1, 1, 4
@@ -378,7 +417,8 @@ def main() -> None:
     if "cost" in sections:
         report["cost"] = per_case(bench_cost, args, "cost", lambda row: (
             f"{row['gflops']:9.2f} GFLOP/step  flop ratio {row['flop_ratio']:.3f}  "
-            f"{row['aten_ops']:6d} aten ops  op ratio {row['op_ratio']:.2f}"))
+            f"{row['aten_ops']:6d} aten ops  op ratio {row['op_ratio']:.2f}  "
+            f"(eager recurrences: {row.get('aten_ops_eager', row['aten_ops']):6d}, {row['op_ratio_eager']:.2f})"))
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     Path(args.output).write_text(json.dumps(report, indent=2))
     print(f"wrote {args.output}")

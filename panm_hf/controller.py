@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from .memory_config import PanmMemoryConfig
+from .recurrence_kernel import unavailable_reason
 
 
 class Controller(nn.Module):
@@ -25,7 +26,8 @@ class Controller(nn.Module):
 
     Args:
         config: the PANM hyperparameters; reads `controller_hidden_size` (GRU size), `mlp_hidden_size`
-            (width of `g^o`) and `controller_init` (`"mean"` or `"sum"` of the real memory slots for `h^c_0`).
+            (width of `g^o`), `controller_init` (`"mean"` or `"sum"` of the real memory slots for `h^c_0`) and
+            `recurrence_kernel` (`nn.GRU`, the reference, or one fused kernel for all steps on CPU).
         read_size: size of the concatenated Mode-1 and Mode-2 values.
         decoder_input_size: size of `z_t` (0 when the Controller has no decoder input).
         memory_dim: size of a memory slot (for the initial state).
@@ -38,6 +40,7 @@ class Controller(nn.Module):
         super().__init__()
         hidden_size = config.controller_hidden_size
         self.init = config.controller_init
+        self.recurrence_kernel = config.recurrence_kernel
         self.decoder_input_size = decoder_input_size
         self.initial_state = nn.Linear(memory_dim, hidden_size)
         self.gru = nn.GRU(read_size + decoder_input_size, hidden_size, batch_first=True)
@@ -54,6 +57,16 @@ class Controller(nn.Module):
         if self.init == "mean":
             pooled = pooled / mask.sum(dim=1).clamp(min=1.0)
         return self.initial_state(pooled)
+
+    def fused_unavailable_reason(self, inputs: torch.Tensor, hidden: torch.Tensor) -> str | None:
+        """Why the GRU cannot run as one fused kernel on these inputs; None when it can (on CUDA, cuDNN's
+        `nn.GRU` is that kernel)."""
+        if inputs.device.type == "cuda":
+            return None
+        tensors = [inputs, hidden, *self.gru.parameters()]
+        if len({t.dtype for t in tensors}) > 1 or len({t.device for t in tensors}) > 1:
+            return "the inputs, state and GRU parameters differ in dtype or device"
+        return unavailable_reason(hidden.dtype, hidden.device)
 
     def forward(
         self,
@@ -75,9 +88,20 @@ class Controller(nn.Module):
             `(outputs (batch, steps, output_size), last hidden (batch, hidden))`.
         """
         inputs = reads if decoder_states is None else torch.cat([reads, decoder_states.to(reads.dtype)], dim=-1)
-        states, last = self.gru(inputs, hidden.unsqueeze(0).contiguous())  # (batch, steps, hidden), (1, batch, hidden)
+        reason = self.fused_unavailable_reason(inputs, hidden) if self.recurrence_kernel != "eager" else None
+        if self.recurrence_kernel == "fused" and reason is not None:
+            raise ValueError(
+                f'recurrence_kernel="fused" cannot run the Controller GRU here: {reason}. Use '
+                'recurrence_kernel="auto" (fused where it applies) or "eager".'
+            )
+        if self.recurrence_kernel != "eager" and reason is None and not inputs.is_cuda:  # all steps in one kernel
+            gru = self.gru
+            input_gates = nn.functional.linear(inputs, gru.weight_ih_l0, gru.bias_ih_l0)  # (batch, steps, 3*hidden)
+            states, last, _ = torch.ops.panm_hf.gru_recurrence(input_gates, hidden, gru.weight_hh_l0, gru.bias_hh_l0)
+        else:
+            states, last = self.gru(inputs, hidden.unsqueeze(0).contiguous())  # (batch, steps, hidden), (1, b, hidden)
+            last = last.squeeze(0)  # (batch, hidden)
         outputs = self.output_mlp(torch.cat([reads, states.to(reads.dtype)], dim=-1))
-        last = last.squeeze(0)
         if step_mask is not None:  # the state after each row's last real step (or h_{t-1} if none)
             count = step_mask.long().sum(dim=1)  # (batch,)
             index = (count - 1).clamp(min=0).reshape(-1, 1, 1).expand(-1, 1, states.shape[-1])  # (batch, 1, hidden)

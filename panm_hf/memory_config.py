@@ -19,6 +19,7 @@ SCORINGS = ("dot", "cosine")
 CONTROLLER_INITS = ("mean", "sum")
 POINTER_UPDATES = ("attention", "shift")
 CONTENT_READS = ("none", "decoder")
+RECURRENCE_KERNELS = ("auto", "eager", "fused")
 INTEGER_FIELDS = (
     "address_bits", "num_pointer_units", "num_mode2_heads", "pointer_hidden_size", "controller_hidden_size",
     "mlp_hidden_size", "shift_range", "address_distractors",
@@ -72,6 +73,15 @@ class PanmMemoryConfig:
         panm_dropout (`float`, *optional*, defaults to 0.0):
             dropout on the reads entering the Controller and on its output (the paper has none; the
             authors' code drops 0.5 of the Mode-2 attention).
+        recurrence_kernel (`str`, *optional*, defaults to `"auto"`):
+            how PANM's two recurrences, the Pointer-Unit loop and the Controller GRU, run (speed only; the
+            results agree to rounding). `"eager"`: one step at a time in PyTorch ops and `nn.GRU` (the
+            reference). `"fused"`: each recurrence's steps in one compiled kernel and its backward in
+            another (`panm_hf.recurrence_kernel`); only for `pointer_update="attention"` with a (batch,
+            slots) mask, in float32/float64, on CPU (a C kernel; needs a C compiler) or on CUDA (the
+            Pointer Units' Triton port, not yet validated on a GPU; the Controller keeps cuDNN's GRU);
+            anything else raises a ValueError saying why. `"auto"`: fused on CPU where it applies, eager
+            elsewhere (causal decoding's per-step masks, `"shift"`, CUDA, half precision, no compiler).
     """
 
     address_bits: int = field(default=10, metadata={"help": "PANM b: inputs may have at most 2^b tokens."})
@@ -110,6 +120,13 @@ class PanmMemoryConfig:
         },
     )
     panm_dropout: float = field(default=0.0, metadata={"help": "Dropout on PANM's reads and output (paper: 0)."})
+    recurrence_kernel: str = field(
+        default="auto",
+        metadata={
+            "help": "PANM Pointer-Unit loop and Controller GRU: eager (ops per step), fused (one kernel), or auto.",
+            "choices": RECURRENCE_KERNELS,
+        },
+    )
 
     def __post_init__(self):
         self.validate()
@@ -173,6 +190,16 @@ class PanmMemoryConfig:
         dropout = self.panm_dropout
         if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0.0 <= dropout < 1.0:
             raise ValueError(f"panm_dropout must be a probability in [0, 1) (got {dropout!r}); 0 disables it.")
+        if self.recurrence_kernel not in RECURRENCE_KERNELS:
+            raise ValueError(
+                f"recurrence_kernel={self.recurrence_kernel!r} is not supported; choose one of {RECURRENCE_KERNELS} "
+                '("auto" fuses the Pointer-Unit loop where it can).'
+            )
+        if self.recurrence_kernel == "fused" and self.pointer_update != "attention":
+            raise ValueError(
+                f'recurrence_kernel="fused" covers pointer_update="attention" only (got {self.pointer_update!r}); '
+                'use recurrence_kernel="auto" or "eager".'
+            )
         if self.pointer_update == "shift" and self.address_distractors > 0:
             raise ValueError(
                 'pointer_update="shift" moves pointers over consecutive slots and cannot be combined with '
@@ -180,4 +207,4 @@ class PanmMemoryConfig:
             )
 
 
-__all__ = ["CONTENT_READS", "CONTROLLER_INITS", "POINTER_UPDATES", "SCORINGS", "PanmMemoryConfig"]
+__all__ = ["CONTENT_READS", "CONTROLLER_INITS", "RECURRENCE_KERNELS", "POINTER_UPDATES", "SCORINGS", "PanmMemoryConfig"]

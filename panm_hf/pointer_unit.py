@@ -19,6 +19,7 @@ from torch.nn import functional as F
 from .attention import AttentionScorer
 from .memory_config import PanmMemoryConfig
 from .pointer_arithmetic import sharpen, shift_candidates
+from .recurrence_kernel import unavailable_reason
 
 
 class GroupedLinear(nn.Module):
@@ -102,7 +103,8 @@ class PointerUnits(nn.Module):
             size of a pointer), `pointer_hidden_size` (each GRU), `mlp_hidden_size` (the address MLP
             `g^a`), the scoring (`panm_hf.attention`), and `pointer_update`: `"attention"` (the paper's
             Eq. 2) or `"shift"` (the paper's attention as one of the moves beside content-free steps
-            `-K..K`, `K = shift_range`; see `panm_hf.pointer_arithmetic`).
+            `-K..K`, `K = shift_range`; see `panm_hf.pointer_arithmetic`); `recurrence_kernel`: whether the
+            loop runs step by step (`"eager"`, the reference) or as one fused kernel (`panm_hf.recurrence_kernel`).
     """
 
     def __init__(self, config: PanmMemoryConfig):
@@ -111,6 +113,7 @@ class PointerUnits(nn.Module):
         self.num_pointer_units = units
         self.hidden_size = hidden_size
         self.pointer_update = config.pointer_update
+        self.recurrence_kernel = config.recurrence_kernel
         self.shift_range = config.shift_range
         self.cell = GroupedGRUCell(units, config.address_bits, hidden_size)
         # g^a: one MLP per unit mapping an address code into that unit's key space.
@@ -193,6 +196,46 @@ class PointerUnits(nn.Module):
         """
         self._compiled_step = torch.compile(self.step, **compile_kwargs)
 
+    def fused_unavailable_reason(
+        self,
+        pointers: torch.Tensor,
+        hidden: torch.Tensor,
+        address_bank: torch.Tensor,
+        address_keys: torch.Tensor,
+        attention_mask: torch.Tensor,
+        step_mask: torch.Tensor | None = None,
+        anchors: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> str | None:
+        """Why `forward` with these arguments cannot run the fused kernel; None when it can."""
+        if self.arithmetic_head is not None:
+            return 'pointer_update="shift" has no fused kernel'
+        if attention_mask.dim() != 2 or step_mask is not None or (anchors is not None and self.num_pointer_units > 1):
+            return "per-step masks and anchors (causal decoding) run step by step"
+        if self._compiled_step is not None:
+            return "compile_step() was called"
+        tensors = [pointers, hidden, address_bank, address_keys, *self.cell.parameters(), *self.scorer.parameters()]
+        if len({t.dtype for t in tensors}) > 1 or len({t.device for t in tensors}) > 1:
+            return "the states, address bank, keys and parameters differ in dtype or device"
+        return unavailable_reason(address_keys.dtype, address_keys.device, explicit=self.recurrence_kernel == "fused")
+
+    def _fused_forward(
+        self,
+        pointers: torch.Tensor,
+        hidden: torch.Tensor,
+        address_bank: torch.Tensor,
+        address_keys: torch.Tensor,
+        attention_mask: torch.Tensor,
+        num_steps: int,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """`forward`'s loop as one kernel (and its backward as one): same arguments and results."""
+        inverse_temperature = self.scorer.inverse_temperature if self.scorer.scoring == "cosine" else None
+        input_gates, hidden_gates = self.cell.input_gates, self.cell.hidden_gates
+        weights, pointers, hidden, *_ = torch.ops.panm_hf.pointer_recurrence(
+            pointers, hidden, address_keys, address_bank, attention_mask, input_gates.weight, input_gates.bias,
+            hidden_gates.weight, hidden_gates.bias, inverse_temperature, num_steps,
+        )  # fmt: skip
+        return weights, pointers, hidden  # (batch, steps, units, slots), (batch, units, bits), (batch, units, hidden)
+
     def forward(
         self,
         pointers: torch.Tensor,
@@ -226,6 +269,17 @@ class PointerUnits(nn.Module):
         Returns:
             `(weights (batch, steps, units, slots), final pointers, final hidden)`.
         """
+        if self.recurrence_kernel != "eager":
+            reason = self.fused_unavailable_reason(
+                pointers, hidden, address_bank, address_keys, attention_mask, step_mask, anchors
+            )
+            if reason is None:
+                return self._fused_forward(pointers, hidden, address_bank, address_keys, attention_mask, num_steps)
+            if self.recurrence_kernel == "fused":
+                raise ValueError(
+                    f'recurrence_kernel="fused" cannot run this call: {reason}. Use recurrence_kernel="auto" (fused '
+                    'where it applies) or "eager".'
+                )
         batch, units, slots, size = address_keys.shape
         if self.arithmetic_head is not None:
             if previous_weights is None or tuple(previous_weights.shape) != (batch, units, slots):

@@ -17,8 +17,12 @@ from .memory_config import PanmMemoryConfig
 
 
 def mode1_read(address_weights: torch.Tensor, memory_states: torch.Tensor) -> torch.Tensor:
-    """Dereference pointers: `(batch, steps, units, slots)` x `(batch, slots, dim)` -> `(batch, steps, units, dim)`."""
-    return torch.einsum("btus,bsd->btud", address_weights, memory_states)
+    """Dereference pointers: `(batch, steps, units, slots)` x `(batch, slots, dim)` -> `(batch, steps, units, dim)`.
+
+    One `bmm` over all steps and units (an einsum adds permutes and copies around it, forward and backward)."""
+    batch, steps, units, slots = address_weights.shape
+    weights = address_weights.reshape(batch, steps * units, slots)  # (batch, steps*units, slots)
+    return torch.bmm(weights, memory_states).reshape(batch, steps, units, -1)  # (batch, steps, units, dim)
 
 
 class Mode2Reader(nn.Module):
@@ -57,11 +61,14 @@ class Mode2Reader(nn.Module):
         queries = rearrange(queries, "b t (h d) -> b t h d", h=self.num_heads)  # (batch, steps, heads, dim)
         queries = self.scorer.prepare_queries(queries)
         keys = self.scorer.prepare_keys(memory_states)  # (batch, slots, dim)
-        scores = torch.einsum("bthd,bsd->bths", queries, keys)  # (batch, steps, heads, slots)
+        batch, steps, heads, dim = queries.shape
+        # one bmm each for all steps and heads (einsums add permutes and copies around them)
+        queries = queries.reshape(batch, steps * heads, dim)  # (batch, steps*heads, dim)
+        scores = torch.bmm(queries, keys.transpose(1, 2)).reshape(batch, steps, heads, -1)  # (b, steps, heads, slots)
         mask = attention_mask[:, None, None, :] if attention_mask.dim() == 2 else attention_mask[:, :, None, :]
         weights = masked_softmax(scores, mask)  # (batch, steps, heads, slots)
-        values = torch.einsum("bths,bsd->bthd", weights, memory_states)  # (batch, steps, heads, dim)
-        return values, weights
+        values = torch.bmm(weights.reshape(batch, steps * heads, -1), memory_states)  # (batch, steps*heads, dim)
+        return values.reshape(batch, steps, heads, dim), weights
 
 
 class DecoderContentReader(nn.Module):

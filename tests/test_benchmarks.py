@@ -75,6 +75,8 @@ def test_overhead_benchmark_smoke_writes_every_section(tmp_path):
         assert rows["backbone"]["flop_ratio"] == 1.0
         # PANM adds the Pointer-Unit loop's kernels on top of the backbone's
         assert all(row["aten_ops"] > rows["backbone"]["aten_ops"] for name, row in rows.items() if name != "backbone")
+        # the fused recurrences (recurrence_kernel="auto") dispatch fewer ops than the step-by-step reference
+        assert all(row["aten_ops"] < row["aten_ops_eager"] for name, row in rows.items() if name != "backbone")
     assert set(report["generate"]) == {"greedy", "beam4", "causal-greedy", "causal-beam4"}
     for name, rows in report["generate"].items():
         variants = {"backbone", "panm"} if name.startswith("causal") else {"backbone", "panm-replace", "panm-stack"}
@@ -87,3 +89,28 @@ def test_overhead_benchmark_smoke_writes_every_section(tmp_path):
     causal = report["generate"]["causal-greedy"]  # one PANM step per cached token, never a re-run over the prefix
     assert causal["panm"]["aten_ops_per_token"] > causal["backbone"]["aten_ops_per_token"] > 0
     assert [point["L"] for point in report["scaling"]["curve"]] == [4, 8, 6, 12]
+
+
+@pytest.mark.smoke
+def test_op_breakdown_attributes_the_pointer_loop_and_shows_it_fused():
+    """The LSTM case's ops by source (tiny model, 5 steps): the Pointer-Unit loop is ~35 ops per step forward
+    eager, one op fused."""
+    counts = {}
+    for kernel in ("eager", "fused"):
+        result = subprocess.run(
+            [sys.executable, str(ROOT / "benchmarks" / "op_breakdown.py"), "--cases", "lstm", "--smoke",
+             "--recurrence-kernel", kernel, *(["--time", "1"] if kernel == "fused" else [])],
+            capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr[-3000:]
+        lines = result.stdout.splitlines()
+        total = int(lines[0].split(": ")[1].split()[0])
+        parts = {line[:47].strip(): int(line[47:].split()[0]) for line in lines[1:] if line.startswith("  ")}
+        assert sum(parts.values()) == total
+        counts[kernel] = parts
+    assert counts["fused"]["pointer loop (forward)"] == 1
+    assert counts["fused"]["pointer loop (backward)"] <= 6
+    assert counts["eager"]["pointer loop (forward)"] > 5 * 20
+    assert counts["eager"]["backbone + loss (forward)"] == counts["fused"]["backbone + loss (forward)"]
+    timing = lines[-1]  # the fused run's --time line
+    assert timing.startswith("lstm: training step ms") and all(n in timing for n in ("backbone", "eager", "fused"))

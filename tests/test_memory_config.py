@@ -64,8 +64,8 @@ def test_every_memory_field_is_a_panm_config_field_with_the_same_default():
         assert config_fields[field.name].default == field.default, field.name
         assert field.metadata.get("help"), f"{field.name} has no help for HfArgumentParser"
     assert PanmConfig().memory_config == PanmMemoryConfig()
-    assert len(MEMORY_FIELDS) == 14 and set(CHOICE_FIELDS) == {
-        "scoring", "controller_init", "pointer_update", "content_read"
+    assert len(MEMORY_FIELDS) == 15 and set(CHOICE_FIELDS) == {
+        "scoring", "controller_init", "pointer_update", "content_read", "recurrence_kernel"
     }  # fmt: skip
 
 
@@ -131,7 +131,9 @@ def test_an_old_flat_config_json_loads_unchanged(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(OLD_CONFIG_JSON))
     config = AutoConfig.from_pretrained(tmp_path)
     assert isinstance(config, PanmConfig) and config.text_config.model_type == "bert"
-    expected = {name: OLD_CONFIG_JSON[name] for name in (f.name for f in MEMORY_FIELDS)}
+    # fields added after that file was written (recurrence_kernel) take their defaults
+    expected = {f.name: OLD_CONFIG_JSON.get(f.name, f.default) for f in MEMORY_FIELDS}
+    assert set(expected) - set(OLD_CONFIG_JSON) == {"recurrence_kernel"}
     assert dataclasses.asdict(config.memory_config) == expected
     assert config.placement == "stack" and config.vocab_size == 99
 

@@ -1,0 +1,397 @@
+"""PANM's recurrences fused: all decoding steps in one kernel, the backward in another.
+
+`PointerUnits.forward` runs a Python loop over decoding steps (a grouped GRU cell and an address
+attention per step, ~25 kernels forward and ~2x that backward). The loop never sees memory content
+(principle II) and its shapes are fixed per (batch, slots, steps), so the whole recurrence can run as
+one kernel. The Controller GRU (`nn.GRU`) has no fused CPU kernel in PyTorch either (it runs step by
+step; on GPU cuDNN fuses it), so its recurrence gets the same treatment. Here the kernels are a small
+C source (`recurrences_source.py`, plain loops, no torch
+headers) compiled once per machine with the system C compiler into a per-user cache, keyed by a hash
+of the source, the flags and the CPU, and called through ctypes on contiguous CPU tensors.
+
+They are exposed as `torch.library` custom ops, `panm_hf::pointer_recurrence` (forward: weights,
+final pointers and hidden, plus the per-step states the backward needs) with
+`panm_hf::pointer_recurrence_backward`, and `panm_hf::gru_recurrence` with
+`panm_hf::gru_recurrence_backward`, wired with `register_autograd`, with fake (meta) kernels so
+`torch.compile` can trace through them. Scope: `pointer_update="attention"` with a (batch, slots)
+mask, on CPU in float32/float64; everything else runs the eager loop and `nn.GRU`, which stay the
+reference (`PanmMemoryConfig.recurrence_kernel`). On CUDA the Pointer-Unit ops dispatch to a Triton
+port of the same algorithm (`panm_hf.recurrence_triton`), registered on first use and only with
+`recurrence_kernel="fused"`: it has been checked against the C kernel under Triton's interpreter,
+never on a GPU.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from .recurrences_source import SOURCE
+
+DTYPES = {torch.float32: "float32", torch.float64: "float64"}
+_FLAGS = ["-O3", "-fopenmp-simd", "-shared", "-fPIC"]  # omp simd: vectorised dot products, no runtime
+_NATIVE = ["-march=native"]
+
+
+def cache_dir() -> Path:
+    """Where compiled kernels live: `$PANM_HF_CACHE`, else `$XDG_CACHE_HOME/panm_hf`, else `~/.cache/panm_hf`."""
+    if os.environ.get("PANM_HF_CACHE"):
+        return Path(os.environ["PANM_HF_CACHE"])
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "panm_hf"
+
+
+def find_compiler() -> str | None:
+    """The C compiler used to build the kernel: `$CC`, else `cc`, else `gcc`; None when there is none."""
+    for name in (os.environ.get("CC"), "cc", "gcc"):
+        if name and shutil.which(name):
+            return shutil.which(name)
+    return None
+
+
+def _cpu_name() -> str:
+    try:  # -march=native code must not be reused on another CPU sharing the cache
+        with open("/proc/cpuinfo") as info:
+            lines = [line for line in info if line.startswith(("model name", "flags"))]
+        return "".join(sorted(set(lines)))
+    except OSError:
+        return platform.processor()
+
+
+def _build(source: str, compiler: str, defines: list[str], target: Path) -> str | None:
+    """Compile `source` into `target`; a string saying why when the compiler fails."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
+        built, source_file = Path(scratch) / target.name, Path(scratch) / "recurrences.c"
+        source_file.write_text(source)
+        errors = ""
+        for extra in (_NATIVE, []):  # -march=native where the compiler knows it
+            command = [compiler, *_FLAGS, *extra, *defines, str(source_file), "-o", str(built), "-lm"]
+            result = subprocess.run(command, capture_output=True, text=True)
+            if result.returncode == 0:
+                os.replace(built, target)  # atomic: concurrent processes never load a half-written file
+                return None
+            errors = result.stderr.strip()
+    return f"compiling the recurrences' C source with {compiler} failed: {errors[-500:]}"
+
+
+@functools.cache
+def load_library(dtype_name: str) -> ctypes.CDLL | str:
+    """The compiled kernel for `"float32"` or `"float64"`, or a string saying why it is unavailable."""
+    compiler = find_compiler()
+    if compiler is None:
+        return "no C compiler found (set $CC or install cc/gcc)"
+    source = SOURCE
+    defines = ["-DUSE_DOUBLE"] if dtype_name == "float64" else []
+    key = hashlib.sha256("\n".join([source, compiler, *_FLAGS, *defines, platform.machine(), _cpu_name()]).encode())
+    target = cache_dir() / f"recurrences_{dtype_name}_{key.hexdigest()[:16]}.so"
+    try:  # an unwritable cache or an unloadable library leaves the eager path, never an error under "auto"
+        if not target.exists():
+            failure = _build(source, compiler, defines, target)
+            if failure is not None:
+                return failure
+        library = ctypes.CDLL(str(target))
+    except OSError as error:
+        return f"the fused kernel could not be built or loaded in {target.parent} ({error}); set $PANM_HF_CACHE"
+    long, ptr = ctypes.c_long, ctypes.c_void_p
+    dims = [long] * 6 + [ctypes.c_int, ctypes.c_double]  # units, batch, steps, slots, bits, hidden, cosine, tau
+    library.pointer_forward.argtypes = dims + [ptr, ptr, ptr, long, long] + [ptr] * 14
+    library.pointer_forward.restype = None
+    library.pointer_backward.argtypes = dims + [ptr, long, long] + [ptr] * 23
+    library.pointer_backward.restype = None
+    library.gru_forward.argtypes = [long] * 3 + [ptr] * 7  # batch, steps, hidden
+    library.gru_forward.restype = None
+    library.gru_backward.argtypes = [long] * 3 + [ptr] * 11
+    library.gru_backward.restype = None
+    return library
+
+
+@functools.cache
+def register_triton() -> str | None:
+    """Register the Triton port of the Pointer-Unit kernels (`panm_hf.recurrence_triton`) as the custom ops'
+    CUDA kernels; a string saying why when Triton is missing."""
+    try:
+        from .recurrence_triton import pointer_backward_triton, pointer_forward_triton
+    except ImportError as error:
+        return f"the CUDA kernel needs Triton ({error})"
+    torch.library.register_kernel("panm_hf::pointer_recurrence", "cuda", pointer_forward_triton)
+    torch.library.register_kernel("panm_hf::pointer_recurrence_backward", "cuda", pointer_backward_triton)
+    return None
+
+
+def unavailable_reason(dtype: torch.dtype, device: torch.device, *, explicit: bool = False) -> str | None:
+    """Why the fused Pointer-Unit kernel cannot run for tensors of this dtype and device; None when it can.
+
+    On CUDA it is the Triton port, checked only under Triton's interpreter so far (no GPU was available):
+    it runs when asked for explicitly (`recurrence_kernel="fused"`), not under `"auto"`."""
+    if device.type == "cuda":
+        if not explicit:
+            return 'the Triton kernel for CUDA is not validated on a GPU yet; it runs with recurrence_kernel="fused"'
+        if dtype not in DTYPES:
+            return f"no fused kernel for dtype {dtype} (float32 and float64 only)"
+        return register_triton()
+    if device.type != "cpu":
+        return f"no fused kernel for device {device.type!r} (CPU, and CUDA with Triton)"
+    if dtype not in DTYPES:
+        return f"no fused kernel for dtype {dtype} (float32 and float64 only)"
+    library = load_library(DTYPES[dtype])
+    return library if isinstance(library, str) else None
+
+
+def _ptr(tensor: Tensor | None) -> int | None:
+    return None if tensor is None else tensor.data_ptr()
+
+
+def pointer_recurrence(
+    pointers: Tensor,
+    hidden: Tensor,
+    keys: Tensor,
+    bank: Tensor,
+    mask: Tensor,
+    input_weight: Tensor,
+    input_bias: Tensor,
+    hidden_weight: Tensor,
+    hidden_bias: Tensor,
+    inverse_temperature: Tensor | None,
+    num_steps: int,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """All `num_steps` Pointer-Unit updates (Eqs. 1-3) in one kernel.
+
+    Args:
+        pointers: `(batch, units, bits)` `p_0`.  hidden: `(batch, units, hidden)` `h_0`.
+        keys: `(batch, units, slots, hidden)` prepared address keys.  bank: `(batch, slots, bits)` `A`.
+        mask: `(batch, slots)` bool.  input_weight/bias, hidden_weight/bias: the grouped GRU's
+        `(units, bits|hidden, 3 hidden)` / `(units, 3 hidden)`.  inverse_temperature: `()` for cosine
+        scoring, None for dot (the keys then carry `1/sqrt(hidden)`).
+
+    Returns:
+        `(weights (batch, steps, units, slots), pointers (batch, units, bits), hidden (batch, units, hidden))`
+        and, for the backward, the states `h_0..h_T`, `p_0..p_T`, the gates `r|z|n|gh_n`, the norms of
+        `h_t` and the softmax probabilities.
+    """
+    library = load_library(DTYPES[keys.dtype])
+    batch, units, slots, size = keys.shape
+    bits = bank.shape[-1]
+    pointers, hidden, bank = pointers.contiguous(), hidden.contiguous(), bank.contiguous()
+    mask = mask.to(torch.bool).contiguous()
+    params = [p.contiguous() for p in (input_weight, input_bias, hidden_weight, hidden_bias)]
+    if keys.stride(3) != 1 or keys.stride(2) != size:  # the kernel walks each row's (slots, hidden) block
+        keys = keys.contiguous()
+    new = functools.partial(torch.empty, dtype=keys.dtype, device=keys.device)
+    outputs = (
+        new(batch, num_steps, units, slots),  # weights
+        new(batch, units, bits),  # final pointers
+        new(batch, units, size),  # final hidden
+        new(batch, units, num_steps + 1, size),  # h_0..h_T
+        new(batch, units, num_steps + 1, bits),  # p_0..p_T
+        new(batch, units, num_steps, 4 * size),  # r | z | n | gh_n
+        new(batch, units, num_steps),  # |h_t|
+        new(batch, units, num_steps, slots),  # softmax probabilities
+    )
+    cosine = inverse_temperature is not None
+    tau = float(inverse_temperature) if cosine else 1.0
+    library.pointer_forward(
+        units, batch, num_steps, slots, bits, size, int(cosine), tau,
+        _ptr(pointers), _ptr(hidden), _ptr(keys), keys.stride(0), keys.stride(1), _ptr(bank), _ptr(mask),
+        *map(_ptr, params), *map(_ptr, outputs),
+    )  # fmt: skip
+    return outputs
+
+
+def _pointer_recurrence_fake(pointers, hidden, keys, bank, mask, input_weight, input_bias, hidden_weight, hidden_bias,
+      inverse_temperature, num_steps):  # fmt: skip
+    batch, units, slots, size = keys.shape
+    bits = bank.shape[-1]
+    new = keys.new_empty
+    return (new(batch, num_steps, units, slots), new(batch, units, bits), new(batch, units, size),
+            new(batch, units, num_steps + 1, size), new(batch, units, num_steps + 1, bits),
+            new(batch, units, num_steps, 4 * size), new(batch, units, num_steps),
+            new(batch, units, num_steps, slots))  # fmt: skip
+
+
+def pointer_recurrence_backward(
+    grad_weights: Tensor | None,
+    grad_pointers: Tensor | None,
+    grad_hidden: Tensor | None,
+    keys: Tensor,
+    bank: Tensor,
+    mask: Tensor,
+    input_weight: Tensor,
+    hidden_weight: Tensor,
+    inverse_temperature: Tensor | None,
+    hidden_states: Tensor,
+    pointer_states: Tensor,
+    gates: Tensor,
+    norms: Tensor,
+    probs: Tensor,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """The whole recurrence's backward in one kernel: gradients of `pointer_recurrence`'s inputs (mask aside),
+    `(pointers, hidden, keys, bank, input_bias, hidden_bias, inverse_temperature)` (the last a zero `()` tensor
+    under dot scoring), and the factors of the GRU weights' gradients, one GEMM each over all (sample, step)
+    rows, which BLAS does better than a hand loop: per unit `h_t (units, batch*steps, hidden)`,
+    `p_t (units, batch*steps, bits)` and the gate gradients `(units, batch*steps, 3 hidden)` of `W_h`, `W_i`.
+    Missing output gradients count as zeros."""
+    library = load_library(DTYPES[keys.dtype])
+    batch, units, slots, size = keys.shape
+    bits, steps = bank.shape[-1], probs.shape[2]
+    new = functools.partial(torch.empty, dtype=keys.dtype, device=keys.device)
+
+    def grad_or_zeros(grad: Tensor | None, *shape: int) -> Tensor:
+        return grad.contiguous() if grad is not None else torch.zeros(shape, dtype=keys.dtype, device=keys.device)
+
+    grads_in = (
+        grad_or_zeros(grad_weights, batch, steps, units, slots),
+        grad_or_zeros(grad_pointers, batch, units, bits),
+        grad_or_zeros(grad_hidden, batch, units, size),
+    )
+    if keys.stride(3) != 1 or keys.stride(2) != size:
+        keys = keys.contiguous()
+    bank, mask = bank.contiguous(), mask.to(torch.bool).contiguous()
+    input_weight, hidden_weight = input_weight.contiguous(), hidden_weight.contiguous()
+    rows = batch * steps
+    outputs = (
+        new(batch, units, bits), new(batch, units, size), new(batch, units, slots, size), new(batch, slots, bits),
+        new(units, 3 * size), new(units, 3 * size), new(()),
+        new(units, rows, size), new(units, rows, bits), new(units, rows, 3 * size), new(units, rows, 3 * size),
+    )  # fmt: skip
+    cosine = inverse_temperature is not None
+    tau = float(inverse_temperature) if cosine else 1.0
+    library.pointer_backward(
+        units, batch, steps, slots, bits, size, int(cosine), tau,
+        _ptr(keys), keys.stride(0), keys.stride(1), _ptr(bank), _ptr(mask), _ptr(input_weight), _ptr(hidden_weight),
+        *map(_ptr, (hidden_states, pointer_states, gates, norms, probs)), *map(_ptr, grads_in), *map(_ptr, outputs),
+    )  # fmt: skip
+    return outputs
+
+
+def _pointer_recurrence_backward_fake(
+      grad_weights, grad_pointers, grad_hidden, keys, bank, mask, input_weight, hidden_weight, inverse_temperature,
+      hidden_states, pointer_states, gates, norms, probs):  # fmt: skip
+    batch, units, slots, size = keys.shape
+    bits, rows = bank.shape[-1], batch * probs.shape[2]
+    new = keys.new_empty
+    return (new(batch, units, bits), new(batch, units, size), new(batch, units, slots, size), new(bank.shape),
+            new(units, 3 * size), new(units, 3 * size), new(()), new(units, rows, size), new(units, rows, bits),
+            new(units, rows, 3 * size), new(units, rows, 3 * size))  # fmt: skip
+
+
+def _setup_context(ctx, inputs, output):
+    (_, _, keys, bank, mask, input_weight, _, hidden_weight, _, inverse_temperature, _) = inputs
+    ctx.save_for_backward(keys, bank, mask, input_weight, hidden_weight, inverse_temperature, *output[3:])
+    ctx.set_materialize_grads(False)  # unused outputs pass None, not zero tensors built here
+    ctx.mark_non_differentiable(*output[3:])
+
+
+def _backward(ctx, grad_weights, grad_pointers, grad_hidden, *_):
+    keys, bank, mask, input_weight, hidden_weight, inverse_temperature, *states = ctx.saved_tensors
+    grads = torch.ops.panm_hf.pointer_recurrence_backward(
+        grad_weights, grad_pointers, grad_hidden, keys, bank, mask, input_weight, hidden_weight,
+        inverse_temperature, *states,
+    )  # fmt: skip
+    d_pointers, d_hidden, d_keys, d_bank, d_input_bias, d_hidden_bias, d_tau, h_rows, p_rows, dgh, dgi = grads
+    d_hidden_weight = torch.bmm(h_rows.transpose(1, 2), dgh)  # (units, hidden, 3 hidden)
+    d_input_weight = torch.bmm(p_rows.transpose(1, 2), dgi)  # (units, bits, 3 hidden)
+    d_tau = d_tau if inverse_temperature is not None else None
+    # inputs: pointers, hidden, keys, bank, mask, input_weight, input_bias, hidden_weight, hidden_bias, tau, steps
+    return (d_pointers, d_hidden, d_keys, d_bank, None, d_input_weight, d_input_bias, d_hidden_weight, d_hidden_bias,
+            d_tau, None)  # fmt: skip
+
+
+def gru_recurrence(
+    input_gates: Tensor, hidden: Tensor, hidden_weight: Tensor, hidden_bias: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    """`nn.GRU`'s recurrence (one layer, batch first) over all steps in one kernel.
+
+    Args:
+        input_gates: `(batch, steps, 3 hidden)` `x W_ih^T + b_ih` for every step.  hidden: `(batch, hidden)` `h_0`.
+        hidden_weight: `(3 hidden, hidden)` `W_hh`.  hidden_bias: `(3 hidden,)` `b_hh`.
+
+    Returns:
+        `(states (batch, steps, hidden), last (batch, hidden))` and the gates `r|z|n|gh_n` for the backward.
+    """
+    library = load_library(DTYPES[input_gates.dtype])
+    batch, steps, size = hidden.shape[0], input_gates.shape[1], hidden.shape[1]
+    inputs = [t.contiguous() for t in (input_gates, hidden, hidden_weight, hidden_bias)]
+    new = functools.partial(torch.empty, dtype=hidden.dtype, device=hidden.device)
+    outputs = (new(batch, steps, size), new(batch, size), new(batch, steps, 4 * size))
+    library.gru_forward(batch, steps, size, *map(_ptr, inputs), *map(_ptr, outputs))
+    return outputs
+
+
+def _gru_recurrence_fake(input_gates, hidden, hidden_weight, hidden_bias):
+    batch, steps, size = hidden.shape[0], input_gates.shape[1], hidden.shape[1]
+    return hidden.new_empty(batch, steps, size), hidden.new_empty(batch, size), hidden.new_empty(batch, steps, 4 * size)
+
+
+def gru_recurrence_backward(
+    grad_states: Tensor | None, grad_last: Tensor | None, hidden: Tensor, hidden_weight: Tensor, states: Tensor,
+    gates: Tensor,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Gradients of `gru_recurrence`'s inputs `input_gates`, `hidden`, `hidden_bias` in one kernel, and the factors
+    `(h_{t-1} (batch*steps, hidden), gate gradients (batch*steps, 3 hidden))` of `hidden_weight`'s (one GEMM)."""
+    library = load_library(DTYPES[hidden.dtype])
+    batch, steps, size = states.shape
+    zeros = functools.partial(torch.zeros, dtype=hidden.dtype, device=hidden.device)
+    grad_states = grad_states.contiguous() if grad_states is not None else zeros(batch, steps, size)
+    grad_last = grad_last.contiguous() if grad_last is not None else zeros(batch, size)
+    hidden, hidden_weight = hidden.contiguous(), hidden_weight.contiguous()
+    new = functools.partial(torch.empty, dtype=hidden.dtype, device=hidden.device)
+    outputs = (new(batch, steps, 3 * size), new(batch, size), new(3 * size), new(batch * steps, size),
+               new(batch * steps, 3 * size))  # fmt: skip
+    library.gru_backward(
+        batch, steps, size, *map(_ptr, (hidden, hidden_weight, states, gates, grad_states, grad_last)),
+        *map(_ptr, outputs),
+    )  # fmt: skip
+    return outputs
+
+
+def _gru_recurrence_backward_fake(grad_states, grad_last, hidden, hidden_weight, states, gates):
+    batch, steps, size = states.shape
+    new = hidden.new_empty
+    return (new(batch, steps, 3 * size), new(batch, size), new(3 * size), new(batch * steps, size),
+            new(batch * steps, 3 * size))  # fmt: skip
+
+
+def _gru_setup_context(ctx, inputs, output):
+    _, hidden, hidden_weight, _ = inputs
+    states, _, gates = output
+    ctx.save_for_backward(hidden, hidden_weight, states, gates)
+    ctx.set_materialize_grads(False)
+    ctx.mark_non_differentiable(gates)
+
+
+def _gru_backward(ctx, grad_states, grad_last, _):
+    d_input_gates, d_hidden, d_hidden_bias, h_rows, dgh = torch.ops.panm_hf.gru_recurrence_backward(
+        grad_states, grad_last, *ctx.saved_tensors
+    )
+    return d_input_gates, d_hidden, torch.mm(dgh.t(), h_rows), d_hidden_bias  # d W_hh: (3 hidden, hidden)
+
+
+def _registered() -> bool:
+    # A trust_remote_code copy of these modules may be imported beside panm_hf: register the ops once.
+    try:
+        torch.ops.panm_hf.pointer_recurrence  # noqa: B018
+    except (AttributeError, RuntimeError):
+        return False
+    return True
+
+
+if not _registered():
+    for _name, _impl, _fake in (
+        ("pointer_recurrence", pointer_recurrence, _pointer_recurrence_fake),
+        ("pointer_recurrence_backward", pointer_recurrence_backward, _pointer_recurrence_backward_fake),
+        ("gru_recurrence", gru_recurrence, _gru_recurrence_fake),
+        ("gru_recurrence_backward", gru_recurrence_backward, _gru_recurrence_backward_fake),
+    ):
+        torch.library.custom_op(f"panm_hf::{_name}", _impl, mutates_args=(), device_types="cpu").register_fake(_fake)
+    torch.library.register_autograd("panm_hf::pointer_recurrence", _backward, setup_context=_setup_context)
+    torch.library.register_autograd("panm_hf::gru_recurrence", _gru_backward, setup_context=_gru_setup_context)

@@ -1,0 +1,241 @@
+"""The Pointer-Unit recurrence as Triton kernels: the C kernel's algorithm for GPUs (experimental).
+
+One program per (sample, unit) row runs all decoding steps, forward (`pointer_forward_triton`) and backward
+(`pointer_backward_triton`), with the same saved states and outputs as `panm_hf.recurrence_kernel`'s C
+kernel, so the same custom ops can dispatch to it on CUDA. Written and checked against the C kernel with
+Triton's interpreter (`TRITON_INTERPRET=1`, CPU tensors) only: no GPU was available to time or validate
+it, so `recurrence_kernel="auto"` does not pick it; it is not imported unless Triton is installed.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _tanh(x):
+    return 2.0 * tl.sigmoid(2.0 * x) - 1.0
+
+
+@triton.jit
+def _pointer_forward_kernel(
+    p0, h0, keys, ks_b, ks_u, bank, mask, w_i, b_i, w_h, b_h, tau_ptr,
+    weights, p_final, h_final, hs, ps, gates, norms, probs,
+    U, T, S, NB, H,
+    COSINE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_NB: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0)
+    b, u = row // U, row % U
+    G = 3 * H
+    offs_h, offs_s, offs_nb = tl.arange(0, BLOCK_H), tl.arange(0, BLOCK_S), tl.arange(0, BLOCK_NB)
+    mh, ms, mnb = offs_h < H, offs_s < S, offs_nb < NB
+    h = tl.load(h0 + row * H + offs_h, mask=mh, other=0.0)
+    p = tl.load(p0 + row * NB + offs_nb, mask=mnb, other=0.0)
+    hs_row, ps_row = hs + row * (T + 1) * H, ps + row * (T + 1) * NB
+    tl.store(hs_row + offs_h, h, mask=mh)
+    tl.store(ps_row + offs_nb, p, mask=mnb)
+    key = tl.load(keys + b * ks_b + u * ks_u + offs_s[:, None] * H + offs_h[None, :],
+                  mask=ms[:, None] & mh[None, :], other=0.0)  # (slots, hidden)  # fmt: skip
+    addr = tl.load(bank + b * S * NB + offs_s[:, None] * NB + offs_nb[None, :],
+                   mask=ms[:, None] & mnb[None, :], other=0.0)  # (slots, bits)  # fmt: skip
+    real = tl.load(mask + b * S + offs_s, mask=ms, other=0) != 0
+    bias = tl.where(real, 0.0, -65504.0)
+    tau = tl.load(tau_ptr) if COSINE else 1.0
+    wi, bi, wh, bh = w_i + u * NB * G, b_i + u * G, w_h + u * H * G, b_h + u * G
+    wmask = mnb[:, None] & mh[None, :]
+    for t in range(T):
+        gi_r = tl.sum(p[:, None] * tl.load(wi + offs_nb[:, None] * G + offs_h[None, :], mask=wmask, other=0.0), 0)
+        gi_z = tl.sum(p[:, None] * tl.load(wi + offs_nb[:, None] * G + H + offs_h[None, :], mask=wmask, other=0.0), 0)
+        gi_n = tl.sum(p[:, None] * tl.load(wi + offs_nb[:, None] * G + 2 * H + offs_h[None, :], mask=wmask, other=0.0),
+                      0)  # fmt: skip
+        gh_r = tl.load(bh + offs_h, mask=mh, other=0.0)
+        gh_z = tl.load(bh + H + offs_h, mask=mh, other=0.0)
+        gh_n = tl.load(bh + 2 * H + offs_h, mask=mh, other=0.0)
+        for k0 in range(0, H, BLOCK_K):  # h W_h, BLOCK_K rows of W_h at a time
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            mk = offs_k < H
+            hk = tl.load(hs_row + t * H + offs_k, mask=mk, other=0.0)
+            block = wh + offs_k[:, None] * G + offs_h[None, :]
+            bmask = mk[:, None] & mh[None, :]
+            gh_r += tl.sum(hk[:, None] * tl.load(block, mask=bmask, other=0.0), 0)
+            gh_z += tl.sum(hk[:, None] * tl.load(block + H, mask=bmask, other=0.0), 0)
+            gh_n += tl.sum(hk[:, None] * tl.load(block + 2 * H, mask=bmask, other=0.0), 0)
+        r = tl.sigmoid(gi_r + tl.load(bi + offs_h, mask=mh, other=0.0) + gh_r)
+        z = tl.sigmoid(gi_z + tl.load(bi + H + offs_h, mask=mh, other=0.0) + gh_z)
+        n = _tanh(gi_n + tl.load(bi + 2 * H + offs_h, mask=mh, other=0.0) + r * gh_n)
+        h = (1.0 - z) * n + z * h
+        gate_row = gates + (row * T + t) * 4 * H
+        tl.store(gate_row + offs_h, r, mask=mh)
+        tl.store(gate_row + H + offs_h, z, mask=mh)
+        tl.store(gate_row + 2 * H + offs_h, n, mask=mh)
+        tl.store(gate_row + 3 * H + offs_h, gh_n, mask=mh)
+        tl.store(hs_row + (t + 1) * H + offs_h, h, mask=mh)
+        tl.debug_barrier()  # the next step reads h back in blocks
+        norm = tl.sqrt(tl.sum(h * h, 0))
+        tl.store(norms + row * T + t, norm)
+        q = h * (tau / tl.maximum(norm, 1e-12)) if COSINE else h
+        scores = tl.where(ms, tl.sum(key * q[None, :], 1) + bias, float("-inf"))
+        e = tl.exp(scores - tl.max(scores, 0))
+        prob = e / tl.sum(e, 0)
+        tl.store(probs + (row * T + t) * S + offs_s, prob, mask=ms)
+        w = tl.where(real, prob, 0.0)
+        tl.store(weights + ((b * T + t) * U + u) * S + offs_s, w, mask=ms)
+        p = tl.sum(w[:, None] * addr, 0)
+        tl.store(ps_row + (t + 1) * NB + offs_nb, p, mask=mnb)
+    tl.store(h_final + row * H + offs_h, h, mask=mh)
+    tl.store(p_final + row * NB + offs_nb, p, mask=mnb)
+
+
+@triton.jit
+def _pointer_backward_kernel(
+    keys, ks_b, ks_u, bank, mask, w_i, w_h, tau_ptr, hs, ps, gates, norms, probs,
+    g_weights, g_p_final, g_h_final,
+    d_p0, d_h0, d_keys, d_bank_rows, d_tau_rows, h_rows, p_rows, dgh_rows, dgi_rows, dh_scratch,
+    U, B, T, S, NB, H,
+    COSINE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_NB: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0)
+    b, u = row // U, row % U
+    G = 3 * H
+    offs_h, offs_s, offs_nb = tl.arange(0, BLOCK_H), tl.arange(0, BLOCK_S), tl.arange(0, BLOCK_NB)
+    mh, ms, mnb = offs_h < H, offs_s < S, offs_nb < NB
+    key = tl.load(keys + b * ks_b + u * ks_u + offs_s[:, None] * H + offs_h[None, :],
+                  mask=ms[:, None] & mh[None, :], other=0.0)  # fmt: skip
+    addr = tl.load(bank + b * S * NB + offs_s[:, None] * NB + offs_nb[None, :],
+                   mask=ms[:, None] & mnb[None, :], other=0.0)  # fmt: skip
+    real = tl.load(mask + b * S + offs_s, mask=ms, other=0) != 0
+    tau = tl.load(tau_ptr) if COSINE else 1.0
+    dh = tl.load(g_h_final + row * H + offs_h, mask=mh, other=0.0)
+    dp = tl.load(g_p_final + row * NB + offs_nb, mask=mnb, other=0.0)
+    d_key = tl.zeros((BLOCK_S, BLOCK_H), dtype=key.dtype)
+    d_addr = tl.zeros((BLOCK_S, BLOCK_NB), dtype=key.dtype)
+    d_tau = tl.sum(tl.zeros((BLOCK_H,), dtype=key.dtype), 0)
+    hs_row, ps_row = hs + row * (T + 1) * H, ps + row * (T + 1) * NB
+    wi, wh = w_i + u * NB * G, w_h + u * H * G
+    for step in range(T):
+        t = T - 1 - step
+        prob = tl.load(probs + (row * T + t) * S + offs_s, mask=ms, other=0.0)
+        w = tl.where(real, prob, 0.0)
+        d_addr += w[:, None] * dp[None, :]  # through p_t = sum_s w[s] A[s]
+        dw = tl.load(g_weights + ((b * T + t) * U + u) * S + offs_s, mask=ms, other=0.0) + tl.sum(addr * dp[None, :], 1)
+        dw = tl.where(real, dw, 0.0)
+        ds = prob * (dw - tl.sum(prob * dw, 0))  # softmax backward
+        hn = tl.load(hs_row + (t + 1) * H + offs_h, mask=mh, other=0.0)
+        norm = tl.load(norms + row * T + t)
+        denom = tl.maximum(norm, 1e-12)
+        q = hn * (tau / denom) if COSINE else hn
+        dq = tl.sum(ds[:, None] * key, 0)
+        d_key += ds[:, None] * q[None, :]
+        if COSINE:  # q = tau h / max(|h|, eps)
+            dt = tl.sum(dq * hn, 0) / denom
+            d_tau += dt
+            du = tau * dq
+            dh += tl.where(norm > 1e-12, (du - hn / denom * (tau * dt)) / norm, du / 1e-12)
+        else:
+            dh += dq
+        gate_row = gates + (row * T + t) * 4 * H
+        r = tl.load(gate_row + offs_h, mask=mh, other=0.0)
+        z = tl.load(gate_row + H + offs_h, mask=mh, other=0.0)
+        n = tl.load(gate_row + 2 * H + offs_h, mask=mh, other=0.0)
+        ghn = tl.load(gate_row + 3 * H + offs_h, mask=mh, other=0.0)
+        h_prev = tl.load(hs_row + t * H + offs_h, mask=mh, other=0.0)
+        dan = dh * (1.0 - z) * (1.0 - n * n)
+        daz = dh * (h_prev - n) * z * (1.0 - z)
+        dar = dan * ghn * r * (1.0 - r)
+        out = (u * B * T + b * T + t) * G  # row (b, t) of unit u in the (units, batch*steps, 3 hidden) factors
+        tl.store(dgi_rows + out + offs_h, dar, mask=mh)
+        tl.store(dgi_rows + out + H + offs_h, daz, mask=mh)
+        tl.store(dgi_rows + out + 2 * H + offs_h, dan, mask=mh)
+        tl.store(dgh_rows + out + offs_h, dar, mask=mh)
+        tl.store(dgh_rows + out + H + offs_h, daz, mask=mh)
+        tl.store(dgh_rows + out + 2 * H + offs_h, dan * r, mask=mh)
+        tl.store(h_rows + (u * B * T + b * T + t) * H + offs_h, h_prev, mask=mh)
+        p_prev = tl.load(ps_row + t * NB + offs_nb, mask=mnb, other=0.0)
+        tl.store(p_rows + (u * B * T + b * T + t) * NB + offs_nb, p_prev, mask=mnb)
+        wmask = mnb[:, None] & mh[None, :]
+        block_i = wi + offs_nb[:, None] * G + offs_h[None, :]
+        dp = (tl.sum(tl.load(block_i, mask=wmask, other=0.0) * dar[None, :], 1)
+              + tl.sum(tl.load(block_i + H, mask=wmask, other=0.0) * daz[None, :], 1)
+              + tl.sum(tl.load(block_i + 2 * H, mask=wmask, other=0.0) * dan[None, :], 1))  # fmt: skip
+        dgh_n = dan * r
+        for k0 in range(0, H, BLOCK_K):  # dh_prev = z dh + W_h dgh, BLOCK_K entries at a time
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            mk = offs_k < H
+            block = wh + offs_k[:, None] * G + offs_h[None, :]
+            bmask = mk[:, None] & mh[None, :]
+            part = (tl.sum(tl.load(block, mask=bmask, other=0.0) * dar[None, :], 1)
+                    + tl.sum(tl.load(block + H, mask=bmask, other=0.0) * daz[None, :], 1)
+                    + tl.sum(tl.load(block + 2 * H, mask=bmask, other=0.0) * dgh_n[None, :], 1))  # fmt: skip
+            tl.store(dh_scratch + row * H + offs_k, part, mask=mk)
+        tl.debug_barrier()
+        dh = dh * z + tl.load(dh_scratch + row * H + offs_h, mask=mh, other=0.0)
+        tl.debug_barrier()
+    tl.store(d_h0 + row * H + offs_h, dh, mask=mh)
+    tl.store(d_p0 + row * NB + offs_nb, dp, mask=mnb)
+    tl.store(d_keys + row * S * H + offs_s[:, None] * H + offs_h[None, :], d_key, mask=ms[:, None] & mh[None, :])
+    tl.store(d_bank_rows + row * S * NB + offs_s[:, None] * NB + offs_nb[None, :], d_addr,
+             mask=ms[:, None] & mnb[None, :])  # fmt: skip
+    tl.store(d_tau_rows + row, d_tau)
+
+
+def _blocks(size: int, slots: int, bits: int) -> dict:
+    block_h = triton.next_power_of_2(size)
+    return dict(BLOCK_H=block_h, BLOCK_S=triton.next_power_of_2(slots), BLOCK_NB=triton.next_power_of_2(bits),
+                BLOCK_K=min(block_h, 32))  # fmt: skip
+
+
+def pointer_forward_triton(pointers, hidden, keys, bank, mask, input_weight, input_bias, hidden_weight, hidden_bias,
+                           inverse_temperature, num_steps):  # fmt: skip
+    """Same arguments and outputs as `panm_hf.recurrence_kernel.pointer_recurrence`."""
+    batch, units, slots, size = keys.shape
+    bits = bank.shape[-1]
+    if keys.stride(3) != 1 or keys.stride(2) != size:
+        keys = keys.contiguous()
+    args = [t.contiguous() for t in (pointers, hidden)]
+    params = [t.contiguous() for t in (bank, mask.to(torch.uint8), input_weight, input_bias, hidden_weight,
+                                       hidden_bias)]  # fmt: skip
+    cosine = inverse_temperature is not None
+    tau = inverse_temperature.reshape(1) if cosine else keys.new_ones(1)
+    new = keys.new_empty
+    outputs = (new(batch, num_steps, units, slots), new(batch, units, bits), new(batch, units, size),
+               new(batch, units, num_steps + 1, size), new(batch, units, num_steps + 1, bits),
+               new(batch, units, num_steps, 4 * size), new(batch, units, num_steps),
+               new(batch, units, num_steps, slots))  # fmt: skip
+    _pointer_forward_kernel[(batch * units,)](
+        *args, keys, keys.stride(0), keys.stride(1), *params, tau, *outputs,
+        units, num_steps, slots, bits, size, COSINE=cosine, **_blocks(size, slots, bits),
+    )  # fmt: skip
+    return outputs
+
+
+def pointer_backward_triton(grad_weights, grad_pointers, grad_hidden, keys, bank, mask, input_weight, hidden_weight,
+                            inverse_temperature, hidden_states, pointer_states, gates, norms, probs):  # fmt: skip
+    """Same arguments and outputs as `panm_hf.recurrence_kernel.pointer_recurrence_backward`. The kernel writes
+    per-row pieces; the bank, bias and temperature gradients are their sums over rows (three reductions)."""
+    batch, units, slots, size = keys.shape
+    bits, steps = bank.shape[-1], probs.shape[2]
+    if keys.stride(3) != 1 or keys.stride(2) != size:
+        keys = keys.contiguous()
+    zeros = keys.new_zeros
+    grads = (grad_weights if grad_weights is not None else zeros(batch, steps, units, slots),
+             grad_pointers if grad_pointers is not None else zeros(batch, units, bits),
+             grad_hidden if grad_hidden is not None else zeros(batch, units, size))  # fmt: skip
+    grads = [g.contiguous() for g in grads]
+    cosine = inverse_temperature is not None
+    tau = inverse_temperature.reshape(1) if cosine else keys.new_ones(1)
+    new, rows = keys.new_empty, batch * steps
+    d_p0, d_h0, d_keys = new(batch, units, bits), new(batch, units, size), new(batch, units, slots, size)
+    d_bank_rows, d_tau_rows = new(batch, units, slots, bits), new(batch * units)
+    factors = (new(units, rows, size), new(units, rows, bits), new(units, rows, 3 * size), new(units, rows, 3 * size))
+    _pointer_backward_kernel[(batch * units,)](
+        keys, keys.stride(0), keys.stride(1), bank.contiguous(), mask.to(torch.uint8).contiguous(),
+        input_weight.contiguous(), hidden_weight.contiguous(), tau, hidden_states, pointer_states, gates, norms,
+        probs, *grads, d_p0, d_h0, d_keys, d_bank_rows, d_tau_rows, *factors, new(batch * units, size),
+        units, batch, steps, slots, bits, size, COSINE=cosine, **_blocks(size, slots, bits),
+    )  # fmt: skip
+    h_rows, p_rows, dgh, dgi = factors
+    return (d_p0, d_h0, d_keys, d_bank_rows.sum(1), dgi.sum(1), dgh.sum(1), d_tau_rows.sum(), h_rows, p_rows, dgh, dgi)

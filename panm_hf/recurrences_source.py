@@ -1,0 +1,377 @@
+"""The C source of PANM's fused recurrences (compiled by `panm_hf.recurrence_kernel`).
+
+Kept as a Python string, not a `.c` file, so that `save_pretrained`'s copy of the modeling code (which
+follows relative imports of `.py` files only) carries it: a `trust_remote_code` load then builds the
+same kernel and computes the same numbers.
+"""
+
+SOURCE = r"""
+/* PANM's two recurrences for all decoding steps in one call each, forward and backward: the Pointer Units
+ * (paper, Eqs. 1-3; PointerUnits.forward with pointer_update="attention") and, at the end of this file,
+ * the Controller GRU (Eq. 7). Plain C, no torch headers: compiled once per machine by
+ * panm_hf/recurrence_kernel.py with `cc -O3 -fopenmp-simd -shared -fPIC [-DUSE_DOUBLE]` and called through
+ * ctypes on contiguous tensors. The eager loop in pointer_unit.py (and nn.GRU) is the reference.
+ *
+ * Per row (sample b, unit u) and step t, with p = p_{t-1}, h = h_{t-1}:
+ *   gi = b_i[u] + p W_i[u]         gh = b_h[u] + h W_h[u]            (3H each, gates r | z | n)
+ *   r = sig(gi_r + gh_r)  z = sig(gi_z + gh_z)  n = tanh(gi_n + r gh_n)  h' = (1 - z) n + z h
+ *   q = tau h' / max(|h'|, 1e-12) (cosine) or h' (dot; the keys carry 1/sqrt(H))
+ *   P = softmax_s(q . K[s] + (mask[s] ? 0 : -65504))   w = P mask   p' = sum_s w[s] A[s]
+ * Rows are independent. A tile of TILE rows of one unit runs through all steps together: its states are
+ * packed into TILE x n blocks (rows past the batch are zeros) so the GRU's matrix products are small
+ * register-blocked GEMMs (tile_matmul) that read each weight once per tile and step. The weight gradients,
+ * one GEMM over all rows and steps per weight, are left to BLAS (the backward writes their factors).
+ *
+ * Layouts (row-major, contiguous unless a stride is given):
+ *   p0 (B, U, NB), h0 (B, U, H), keys: row (b, u) at keys + b*ks_b + u*ks_u, (S, H) contiguous,
+ *   bank (B, S, NB), mask (B, S) bytes, w_i (U, NB, 3H), b_i (U, 3H), w_h (U, H, 3H), b_h (U, 3H).
+ *   Outputs: weights (B, T, U, S), p_final (B, U, NB), h_final (B, U, H).
+ *   Saved for the backward: hs (B, U, T+1, H), ps (B, U, T+1, NB), gates (B, U, T, 4H) = r | z | n | gh_n,
+ *   norms (B, U, T), probs (B, U, T, S).
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef USE_DOUBLE
+typedef double real;
+#define EXP exp
+#define TANH tanh
+#define SQRT sqrt
+#define JB 8
+#else
+typedef float real;
+#define EXP expf
+#define TANH tanhf
+#define SQRT sqrtf
+#define JB 16
+#endif
+
+#define TILE 8
+#define EPS 1e-12
+#define MASKED (-65504.0)
+
+static real sigmoid(real x) { return (real)1 / ((real)1 + EXP(-x)); }
+
+static real *zeros(long n) { return calloc(n, sizeof(real)); }
+
+/* JB reals in one GCC/Clang vector (64 bytes: one AVX-512 register, two AVX2 ones), for the GEMM tiles. */
+typedef real vec __attribute__((vector_size(64)));
+
+static inline vec vload(const real *p) { vec v; memcpy(&v, p, sizeof v); return v; }
+static inline void vstore(real *p, vec v) { memcpy(p, &v, sizeof v); }
+
+/* out (TILE x N) = (accumulate ? out : 0) + x (TILE x K) W (K x N): TILE x JB accumulators in registers. */
+static void tile_matmul(const real *x, long K, const real *W, long N, real *out, int accumulate) {
+    long j0 = 0;
+    for (; j0 + JB <= N; j0 += JB) {
+        vec acc[TILE];
+        for (long i = 0; i < TILE; i++) {
+            const vec zero = {0};
+            acc[i] = accumulate ? vload(out + i * N + j0) : zero;
+        }
+        for (long k = 0; k < K; k++) {
+            const vec w = vload(W + k * N + j0);
+            for (long i = 0; i < TILE; i++) acc[i] += x[i * K + k] * w;
+        }
+        for (long i = 0; i < TILE; i++) vstore(out + i * N + j0, acc[i]);
+    }
+    if (j0 < N) {  /* the last N % JB columns */
+        const long jb = N - j0;
+        real acc[TILE][JB];
+        for (long i = 0; i < TILE; i++)
+            for (long jj = 0; jj < jb; jj++) acc[i][jj] = accumulate ? out[i * N + j0 + jj] : 0;
+        for (long k = 0; k < K; k++) {
+            const real *w = W + k * N + j0;
+            for (long i = 0; i < TILE; i++)
+                for (long jj = 0; jj < jb; jj++) acc[i][jj] += x[i * K + k] * w[jj];
+        }
+        for (long i = 0; i < TILE; i++)
+            for (long jj = 0; jj < jb; jj++) out[i * N + j0 + jj] = acc[i][jj];
+    }
+}
+
+static void transpose(const real *W, long rows, long cols, real *out) {
+    for (long r = 0; r < rows; r++)
+        for (long c = 0; c < cols; c++) out[c * rows + r] = W[r * cols + c];
+}
+
+static real dot(const real *a, const real *b, long n) {
+    real acc = 0;
+#pragma omp simd reduction(+ : acc)
+    for (long j = 0; j < n; j++) acc += a[j] * b[j];
+    return acc;
+}
+
+void pointer_forward(long U, long B, long T, long S, long NB, long H, int cosine, double tau_d,
+                     const real *p0, const real *h0, const real *keys, long ks_b, long ks_u,
+                     const real *bank, const unsigned char *mask, const real *w_i, const real *b_i,
+                     const real *w_h, const real *b_h, real *weights, real *p_final, real *h_final,
+                     real *hs, real *ps, real *gates, real *norms, real *probs) {
+    const long G = 3 * H;
+    const real tau = (real)tau_d;
+    real *hpack = zeros(TILE * H), *ppack = zeros(TILE * NB), *gh = zeros(TILE * G), *gi = zeros(TILE * G);
+    real *q = zeros(H);
+    for (long u = 0; u < U; u++) {
+        const real *Wi = w_i + u * NB * G, *Bi = b_i + u * G, *Wh = w_h + u * H * G, *Bh = b_h + u * G;
+        for (long b0 = 0; b0 < B; b0 += TILE) {
+            const long nb = B - b0 < TILE ? B - b0 : TILE;
+            memset(hpack, 0, sizeof(real) * TILE * H);
+            memset(ppack, 0, sizeof(real) * TILE * NB);
+            for (long i = 0; i < nb; i++) {  /* step 0 of the saved states: h_0 and p_0 */
+                const long row = (b0 + i) * U + u;
+                memcpy(hs + row * (T + 1) * H, h0 + row * H, sizeof(real) * H);
+                memcpy(ps + row * (T + 1) * NB, p0 + row * NB, sizeof(real) * NB);
+                memcpy(hpack + i * H, h0 + row * H, sizeof(real) * H);
+                memcpy(ppack + i * NB, p0 + row * NB, sizeof(real) * NB);
+            }
+            for (long t = 0; t < T; t++) {
+                tile_matmul(hpack, H, Wh, G, gh, 0);  /* h W_h for the tile */
+                tile_matmul(ppack, NB, Wi, G, gi, 0);  /* p W_i */
+                for (long i = 0; i < nb; i++) {
+                    const long b = b0 + i, row = b * U + u;
+                    const real *h = hs + row * (T + 1) * H + t * H;
+                    real *hn = hs + row * (T + 1) * H + (t + 1) * H, *pn = ps + row * (T + 1) * NB + (t + 1) * NB;
+                    real *gt = gates + (row * T + t) * 4 * H;
+                    const real *g = gh + i * G, *x = gi + i * G;
+                    real sq = 0;
+                    for (long j = 0; j < H; j++) {
+                        const real r = sigmoid(x[j] + Bi[j] + g[j] + Bh[j]);
+                        const real z = sigmoid(x[H + j] + Bi[H + j] + g[H + j] + Bh[H + j]);
+                        const real ghn = g[2 * H + j] + Bh[2 * H + j];
+                        const real n = TANH(x[2 * H + j] + Bi[2 * H + j] + r * ghn);
+                        const real hj = (1 - z) * n + z * h[j];
+                        gt[j] = r; gt[H + j] = z; gt[2 * H + j] = n; gt[3 * H + j] = ghn;
+                        hn[j] = hj;
+                        sq += hj * hj;
+                    }
+                    const real norm = SQRT(sq);
+                    norms[row * T + t] = norm;
+                    const real scale = cosine ? tau / (norm > (real)EPS ? norm : (real)EPS) : (real)1;
+                    for (long j = 0; j < H; j++) q[j] = hn[j] * scale;
+                    const real *K = keys + b * ks_b + u * ks_u;
+                    const unsigned char *m = mask + b * S;
+                    real *P = probs + (row * T + t) * S;
+                    real top = -INFINITY;
+                    for (long s = 0; s < S; s++) {
+                        P[s] = (m[s] ? 0 : (real)MASKED) + dot(q, K + s * H, H);
+                        if (P[s] > top) top = P[s];
+                    }
+                    real total = 0;
+                    for (long s = 0; s < S; s++) { P[s] = EXP(P[s] - top); total += P[s]; }
+                    real *w = weights + ((b * T + t) * U + u) * S;
+                    for (long j = 0; j < NB; j++) pn[j] = 0;
+                    for (long s = 0; s < S; s++) {
+                        P[s] /= total;
+                        w[s] = m[s] ? P[s] : 0;
+                        const real *a = bank + (b * S + s) * NB;
+                        for (long j = 0; j < NB; j++) pn[j] += w[s] * a[j];
+                    }
+                    memcpy(hpack + i * H, hn, sizeof(real) * H);
+                    memcpy(ppack + i * NB, pn, sizeof(real) * NB);
+                }
+            }
+            for (long i = 0; i < nb; i++) {
+                const long row = (b0 + i) * U + u;
+                memcpy(h_final + row * H, hpack + i * H, sizeof(real) * H);
+                memcpy(p_final + row * NB, ppack + i * NB, sizeof(real) * NB);
+            }
+        }
+    }
+    free(hpack); free(ppack); free(gh); free(gi); free(q);
+}
+
+/* Gradients of every input but the mask and the GRU weights; accumulators are zeroed here. g_weights
+ * (B, T, U, S), g_p_final (B, U, NB), g_h_final (B, U, H); d_keys (B, U, S, H) contiguous; d_tau one value.
+ * The weight gradients are one GEMM over all rows and steps, left to BLAS: this writes their factors,
+ * per unit and row r = b T + t, h_rows (U, B T, H) = h_t, p_rows (U, B T, NB) = p_t and the gate
+ * gradients dgh_rows, dgi_rows (U, B T, 3H), so that dW_h[u] = h_rows[u]^T dgh_rows[u], and likewise W_i. */
+void pointer_backward(long U, long B, long T, long S, long NB, long H, int cosine, double tau_d,
+                      const real *keys, long ks_b, long ks_u, const real *bank, const unsigned char *mask,
+                      const real *w_i, const real *w_h, const real *hs, const real *ps, const real *gates,
+                      const real *norms, const real *probs, const real *g_weights, const real *g_p_final,
+                      const real *g_h_final, real *d_p0, real *d_h0, real *d_keys, real *d_bank, real *d_b_i,
+                      real *d_b_h, real *d_tau, real *h_rows_all, real *p_rows_all, real *dgh_rows_all,
+                      real *dgi_rows_all) {
+    const long G = 3 * H;
+    const real tau = (real)tau_d;
+    memset(d_keys, 0, sizeof(real) * B * U * S * H);
+    memset(d_bank, 0, sizeof(real) * B * S * NB);
+    memset(d_b_i, 0, sizeof(real) * U * G);
+    memset(d_b_h, 0, sizeof(real) * U * G);
+    double dtau = 0;
+    real *dh = zeros(TILE * H), *dp = zeros(TILE * NB), *dgi = zeros(TILE * G), *dgh = zeros(TILE * G);
+    const long R = B * T;  /* rows (b, t) of one unit, for its weight gradients */
+    real *WhT = zeros(G * H), *WiT = zeros(G * NB);
+    real *dw = zeros(S), *q = zeros(H), *dq = zeros(H);
+    for (long u = 0; u < U; u++) {
+        real *dBi = d_b_i + u * G, *dBh = d_b_h + u * G;
+        real *h_rows = h_rows_all + u * R * H, *p_rows = p_rows_all + u * R * NB;
+        real *dgh_rows = dgh_rows_all + u * R * G, *dgi_rows = dgi_rows_all + u * R * G;
+        transpose(w_h + u * H * G, H, G, WhT);
+        transpose(w_i + u * NB * G, NB, G, WiT);
+        for (long b0 = 0; b0 < B; b0 += TILE) {
+            const long nb = B - b0 < TILE ? B - b0 : TILE;
+            memset(dh, 0, sizeof(real) * TILE * H);
+            memset(dp, 0, sizeof(real) * TILE * NB);
+            memset(dgh, 0, sizeof(real) * TILE * G);
+            memset(dgi, 0, sizeof(real) * TILE * G);
+            for (long i = 0; i < nb; i++) {
+                const long row = (b0 + i) * U + u;
+                memcpy(dh + i * H, g_h_final + row * H, sizeof(real) * H);
+                memcpy(dp + i * NB, g_p_final + row * NB, sizeof(real) * NB);
+            }
+            for (long t = T - 1; t >= 0; t--) {
+                for (long i = 0; i < nb; i++) {
+                    const long b = b0 + i, row = b * U + u;
+                    real *dhi = dh + i * H, *dpi = dp + i * NB;
+                    const real *P = probs + (row * T + t) * S, *gw = g_weights + ((b * T + t) * U + u) * S;
+                    const unsigned char *m = mask + b * S;
+                    /* p_t = sum_s w[s] A[s], and w_t is an output: dL/dw, then through w = P mask */
+                    real dot_pd = 0;
+                    for (long s = 0; s < S; s++) {
+                        const real *a = bank + (b * S + s) * NB;
+                        real *da = d_bank + (b * S + s) * NB;
+                        const real ws = m[s] ? P[s] : 0;
+                        real d = gw[s];
+                        for (long j = 0; j < NB; j++) { d += dpi[j] * a[j]; da[j] += ws * dpi[j]; }
+                        dw[s] = m[s] ? d : 0;
+                        dot_pd += P[s] * dw[s];
+                    }
+                    /* softmax backward, then scores = q . K[s] */
+                    const real *hn = hs + row * (T + 1) * H + (t + 1) * H;
+                    const real norm = norms[row * T + t];
+                    const real denom = norm > (real)EPS ? norm : (real)EPS;
+                    const real scale = cosine ? tau / denom : (real)1;
+                    for (long j = 0; j < H; j++) { q[j] = hn[j] * scale; dq[j] = 0; }
+                    const real *K = keys + b * ks_b + u * ks_u;
+                    real *dK = d_keys + row * S * H;
+                    for (long s = 0; s < S; s++) {
+                        const real ds = P[s] * (dw[s] - dot_pd);
+                        const real *k = K + s * H;
+                        real *dk = dK + s * H;
+                        for (long j = 0; j < H; j++) { dq[j] += ds * k[j]; dk[j] += ds * q[j]; }
+                    }
+                    if (cosine) {  /* q = tau u, u = h / max(|h|, eps) */
+                        const real dt = dot(dq, hn, H) / denom, udu = tau * dt;
+                        dtau += dt;
+                        for (long j = 0; j < H; j++) {
+                            const real du = tau * dq[j];
+                            dhi[j] += norm > (real)EPS ? (du - hn[j] / denom * udu) / norm : du / (real)EPS;
+                        }
+                    } else {
+                        for (long j = 0; j < H; j++) dhi[j] += dq[j];
+                    }
+                    /* GRU cell backward */
+                    const real *h = hs + row * (T + 1) * H + t * H, *gt = gates + (row * T + t) * 4 * H;
+                    real *gi = dgi + i * G, *gh = dgh + i * G;
+                    for (long j = 0; j < H; j++) {
+                        const real r = gt[j], z = gt[H + j], n = gt[2 * H + j], ghn = gt[3 * H + j];
+                        const real d = dhi[j];
+                        const real dan = d * (1 - z) * (1 - n * n);
+                        const real daz = d * (h[j] - n) * z * (1 - z);
+                        const real dar = dan * ghn * r * (1 - r);
+                        gi[j] = dar; gi[H + j] = daz; gi[2 * H + j] = dan;
+                        gh[j] = dar; gh[H + j] = daz; gh[2 * H + j] = dan * r;
+                        dhi[j] = d * z;  /* through h' = ... + z h */
+                    }
+                    for (long j = 0; j < G; j++) { dBi[j] += gi[j]; dBh[j] += gh[j]; }
+                    const long r = b * T + t;
+                    memcpy(h_rows + r * H, h, sizeof(real) * H);
+                    memcpy(p_rows + r * NB, ps + row * (T + 1) * NB + t * NB, sizeof(real) * NB);
+                    memcpy(dgh_rows + r * G, gh, sizeof(real) * G);
+                    memcpy(dgi_rows + r * G, gi, sizeof(real) * G);
+                }
+                /* through the tile's GRU products: dh += dgh W_h^T, dp = dgi W_i^T */
+                tile_matmul(dgh, G, WhT, H, dh, 1);
+                tile_matmul(dgi, G, WiT, NB, dp, 0);
+            }
+            for (long i = 0; i < nb; i++) {
+                const long row = (b0 + i) * U + u;
+                memcpy(d_h0 + row * H, dh + i * H, sizeof(real) * H);
+                memcpy(d_p0 + row * NB, dp + i * NB, sizeof(real) * NB);
+            }
+        }
+    }
+    *d_tau = (real)dtau;
+    free(dh); free(dp); free(dgi); free(dgh); free(WhT); free(WiT);
+    free(dw); free(q); free(dq);
+}
+
+/* The Controller GRU (nn.GRU, one layer, one direction, batch_first) over all steps, its input gates
+ * gi = x W_ih^T + b_ih computed beforehand for every step in one matmul. PyTorch's GRU equations:
+ *   gh = W_hh h + b_hh   r = sig(gi_r + gh_r)  z = sig(gi_z + gh_z)  n = tanh(gi_n + r gh_n)
+ *   h' = (1 - z) n + z h
+ * Layouts: gi (B, T, 3H), h0 (B, H), w_hh (3H, H) (nn.GRU's), b_hh (3H); outputs states (B, T, H),
+ * last (B, H); saved gates (B, T, 4H) = r | z | n | gh_n. */
+void gru_forward(long B, long T, long H, const real *gi, const real *h0, const real *w_hh, const real *b_hh,
+                 real *states, real *last, real *gates) {
+    const long G = 3 * H;
+    real *gh = zeros(TILE * G), *hpack = zeros(TILE * H), *WT = zeros(H * G);
+    transpose(w_hh, G, H, WT);  /* (H, 3H): h W_hh^T as a tile GEMM */
+    for (long b0 = 0; b0 < B; b0 += TILE) {
+        const long nb = B - b0 < TILE ? B - b0 : TILE;
+        memset(hpack, 0, sizeof(real) * TILE * H);
+        for (long i = 0; i < nb; i++) memcpy(hpack + i * H, h0 + (b0 + i) * H, sizeof(real) * H);
+        for (long t = 0; t < T; t++) {
+            tile_matmul(hpack, H, WT, G, gh, 0);
+            for (long i = 0; i < nb; i++) {
+                const long b = b0 + i;
+                const real *x = gi + (b * T + t) * G, *g = gh + i * G;
+                real *h = hpack + i * H, *hn = states + (b * T + t) * H, *gt = gates + (b * T + t) * 4 * H;
+                for (long j = 0; j < H; j++) {
+                    const real r = sigmoid(x[j] + g[j] + b_hh[j]);
+                    const real z = sigmoid(x[H + j] + g[H + j] + b_hh[H + j]);
+                    const real ghn = g[2 * H + j] + b_hh[2 * H + j];
+                    const real n = TANH(x[2 * H + j] + r * ghn);
+                    hn[j] = (1 - z) * n + z * h[j];
+                    gt[j] = r; gt[H + j] = z; gt[2 * H + j] = n; gt[3 * H + j] = ghn;
+                }
+                memcpy(h, hn, sizeof(real) * H);
+            }
+        }
+        for (long i = 0; i < nb; i++) memcpy(last + (b0 + i) * H, hpack + i * H, sizeof(real) * H);
+    }
+    free(gh); free(hpack); free(WT);
+}
+
+/* g_states (B, T, H), g_last (B, H) -> d_gi (B, T, 3H), d_h0 (B, H), d_b_hh (3H), and the factors of
+ * d_w_hh = dgh_rows^T h_rows (one GEMM, left to BLAS): h_rows (B T, H) = h_{t-1}, dgh_rows (B T, 3H). */
+void gru_backward(long B, long T, long H, const real *h0, const real *w_hh, const real *states, const real *gates,
+                  const real *g_states, const real *g_last, real *d_gi, real *d_h0, real *d_b_hh, real *h_rows,
+                  real *dgh_rows) {
+    const long G = 3 * H;
+    memset(d_b_hh, 0, sizeof(real) * G);
+    real *dh = zeros(TILE * H), *dgh = zeros(TILE * G);
+    for (long b0 = 0; b0 < B; b0 += TILE) {
+        const long nb = B - b0 < TILE ? B - b0 : TILE;
+        memset(dh, 0, sizeof(real) * TILE * H);
+        memset(dgh, 0, sizeof(real) * TILE * G);
+        for (long i = 0; i < nb; i++) memcpy(dh + i * H, g_last + (b0 + i) * H, sizeof(real) * H);
+        for (long t = T - 1; t >= 0; t--) {
+            for (long i = 0; i < nb; i++) {
+                const long b = b0 + i;
+                const real *h = t ? states + (b * T + t - 1) * H : h0 + b * H, *gt = gates + (b * T + t) * 4 * H;
+                const real *gs = g_states + (b * T + t) * H;
+                real *dhi = dh + i * H, *dx = d_gi + (b * T + t) * G, *dg = dgh + i * G;
+                for (long j = 0; j < H; j++) {
+                    const real r = gt[j], z = gt[H + j], n = gt[2 * H + j], ghn = gt[3 * H + j];
+                    const real d = dhi[j] + gs[j];
+                    const real dan = d * (1 - z) * (1 - n * n);
+                    const real daz = d * (h[j] - n) * z * (1 - z);
+                    const real dar = dan * ghn * r * (1 - r);
+                    dx[j] = dar; dx[H + j] = daz; dx[2 * H + j] = dan;
+                    dg[j] = dar; dg[H + j] = daz; dg[2 * H + j] = dan * r;
+                    dhi[j] = d * z;
+                }
+                for (long j = 0; j < G; j++) d_b_hh[j] += dg[j];
+                memcpy(h_rows + (b * T + t) * H, h, sizeof(real) * H);
+                memcpy(dgh_rows + (b * T + t) * G, dg, sizeof(real) * G);
+            }
+            tile_matmul(dgh, G, w_hh, H, dh, 1);  /* dh += dgh W_hh */
+        }
+        for (long i = 0; i < nb; i++) memcpy(d_h0 + (b0 + i) * H, dh + i * H, sizeof(real) * H);
+    }
+    free(dh); free(dgh);
+}
+"""
