@@ -321,3 +321,17 @@ def test_device_argument_moves_every_tensor() -> None:
     moved = batch.to("meta")
     assert {t.device.type for t in (moved.inputs, moved.labels, moved.input_tokens)} == {"meta"}
     assert moved.attention_mask.device.type == "meta"
+
+
+def test_mix_table_rule_diagnostic_copies_x_t_on_even_steps() -> None:
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "examples" / "length_generalization" / "mix_table_rule.py"
+    spec = importlib.util.spec_from_file_location("mix_table_rule", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    tokens, lengths = _one([3, 1, 4, 1, 5])
+    assert module.table_rule_targets(tokens, lengths).tolist() == [[4, 1, 4, 1, 4]]
+    tokens, lengths = _one(symbols_to_tokens("$%&&$%^@%#"))  # the paper's Chat-GPT table row
+    assert tokens_to_symbols(module.table_rule_targets(tokens, lengths)[0]) == "$%$&$%$@$#"
