@@ -33,7 +33,7 @@ test-slow: setup $(VENV)/.pretrained  ## every test: fast, smoke and slow (real 
 lint: setup
 	$(PY) -m ruff check panm_hf research tests examples benchmarks
 
-demo: setup  ## the main job: PANM vs content attention, trained on Copy, tested on longer inputs
+demo: setup  ## the main job: the faithful PANM, PANM with shift and content attention, trained on Copy, tested on longer inputs
 	$(PY) examples/length_generalization/run.py
 
 quickstart: setup

@@ -29,7 +29,8 @@ Feature layout (``feature_dim`` columns)::
 ``12 + id_dim`` for idsort. ``input_tokens[:, k]`` is the token shown in slot
 ``k + 1`` (for drecall the query token therefore sits at ``input_tokens[i, L_i]``);
 padding is ``-100``. ``labels`` are token ids, ``-100`` where padded; they have
-``hi`` steps for every task except drecall, which has a single target step.
+``hi`` steps for every task (drecall's target is shorter than its input: from the query's
+neighbour to ``x_L``, see :func:`drecall_targets`).
 
 Randomness is drawn in a fixed order (lengths if ``length`` is a tuple, then tokens,
 then task extras) from the given ``torch.Generator``, so one seed gives one batch and
@@ -216,19 +217,24 @@ def reverse_targets(tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor
 
 
 def mix_targets(tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-    """Mix (1-based t): odd `t` -> `y_t = x_{ceil(L/2)}`; even `t` -> `y_t = x_t`.
+    """Mix (1-based t): odd `t` -> `y_t = x_{ceil(L/2)}`; even `t` -> `y_t = x_1`; `L` output steps.
 
-    The text (Sec. 3.1) states "odd t: x_{ceil(L/2)}; even t: x_1", but the worked
-    example of the paper's Chat-GPT table contradicts the even branch::
+    This is the rule of the paper's text (Sec. 3.1: "if t is odd, y_t = x_{ceil(L/2)}; if t is
+    even, y_t = x_1"; the appendix adds nothing on Mix). The worked example of the paper's
+    Chat-GPT table contradicts its even branch::
 
-        x = $ % & & $ % ^ @ % #   (L = 10)
-        y = $ % $ & $ % $ @ $ #   (true output)
+        x = $ % & & $ % ^ @ % #   (L = 10, x_1 = x_5 = $)
+        y = $ % $ & $ % $ @ $ #   (the table's "true output": even steps x_t)
+        y = $ $ $ $ $ $ $ $ $ $   (the text's rule)
 
-    The even steps read `% & % @ #` = `x_2 x_4 x_6 x_8 x_10` (i.e. `x_t`), not
-    `x_1 = $`. At the odd steps the example shows `$`, which equals both `x_1` and
-    `x_{ceil(10/2)} = x_5`, so the example cannot separate those two; we keep the
-    text's `x_{ceil(L/2)}`, which also keeps the text's "length-dependent" property.
-    Small example: `x = 3 1 4 1 5` (mid `x_3 = 4`) -> `y = 4 1 4 1 4`.
+    We follow the text, because the paper's own Mix table only fits it: PANM scores
+    100 / 100 / 98 / 54 / 54 at L .. 8(L+1), a floor of 54 at 4(L+1) and 8(L+1) = the even half
+    (x_1, which no length moves) right plus a few odd steps; under the table's reading the even
+    half is a Copy, on which the same PANM scores 52 / 36 at 4(L+1) / 8(L+1), so 54 at 8(L+1)
+    could not happen. (Until issue 15 this function used the table's reading.)
+
+    Worked example: `x = 3 1 4 1 5` (L = 5, `x_ceil(5/2) = x_3 = 4`, `x_1 = 3`) ->
+    `y = 4 3 4 3 4`; `x = 7 2 8 6` (L = 4, `x_2 = 2`) -> `y = 2 7 2 7`.
 
     Args:
         tokens: `(batch, max_len)` long tokens, -100 padding.
@@ -240,12 +246,12 @@ def mix_targets(tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     steps = torch.arange(tokens.shape[1], device=tokens.device)  # (max_len,)
     middle = ((lengths + 1) // 2 - 1).unsqueeze(1)  # (batch, 1), 0-based ceil(L/2)
     odd_step = (steps % 2 == 0).unsqueeze(0)  # (1, max_len), 1-based t odd
-    index = torch.where(odd_step, middle, steps.unsqueeze(0))  # (batch, max_len)
+    index = torch.where(odd_step, middle, torch.zeros_like(middle))  # (batch, max_len)
     return _gather_tokens(tokens, lengths, index)
 
 
 def drecall_target_index(query_index: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-    """0-based position of the Dynamic Recall answer: left of the query if L is even, else right.
+    """0-based position of the first Dynamic Recall target: left of the query if L is even, else right.
 
     Args:
         query_index: `(batch,)` 0-based position of the (unique) query token in the input.
@@ -260,17 +266,32 @@ def drecall_target_index(query_index: torch.Tensor, lengths: torch.Tensor) -> to
 def drecall_targets(
     tokens: torch.Tensor, lengths: torch.Tensor, query_index: torch.Tensor
 ) -> torch.Tensor:
-    """Dynamic Recall: one target token, the neighbour of the query's occurrence.
+    """Dynamic Recall: from the query's neighbour to the end of the input.
 
-    The query is a token value that occurs exactly once among `x_1..x_L`; it is
-    appended after the input. If `L` is even the answer is the token on the left of
-    that occurrence, if `L` is odd the token on its right. The target is a single
-    token (the Chat-GPT table's example has a one-symbol true output)::
+    The paper's appendix: "an arbitrary input token is chosen as the query and is added to the
+    end of the input sequence. Depending on the length of the input, a.k.a, odd or even, the
+    first target token will be on the left or right of the query, following its succeeding
+    tokens in the input." We read: the query is a token value that occurs once among
+    `x_1..x_L` (at `x_q`); the first target token is its left neighbour `x_{q-1}` if `L` is even,
+    its right neighbour `x_{q+1}` if `L` is odd (the side the Chat-GPT table's example shows for
+    L = 10), and the target goes on with the tokens that follow it in the input, to `x_L`. So the
+    target has `L - q + 2` (even L) or `L - q` (odd L) tokens; labels are -100 after it.
+
+    Why this reading (issue 15): a one-token target cannot give the paper's baselines their
+    table. With a unique query our content attention solved it at every length (100% up to
+    8(L+1); the paper's content attention: 27 at 2(L+1)); with a non-unique query the ambiguity
+    caps any model at about 74% at L, below the paper's 88-92. The multi-token target is a Copy
+    that starts at a content-chosen slot, so the baselines fall with length like on Copy
+    (an issue-15 probe: content attention 27 / 18 / 15 at 2 / 4 / 8(L+1), paper 27 / 17 / 13).
+    The Chat-GPT table's example lists one "true output" token, the first one.
+
+    Worked example (the paper's)::
 
         x = $ ( & & $ # ^ @ % #,  query %   (L = 10, even)
-        % occurs once, at x_9; its left neighbour x_8 = @  ->  y = @
+        % occurs once, at x_9; left neighbour x_8 = @  ->  y = @ % #   (x_8 x_9 x_10)
 
-    Small example: `x = 3 1 4`, query `1` (L = 3, odd) -> `y = 4`.
+    Small ones: `x = 3 1 4 1 5`, query `4` (`x_3`, L = 5 odd) -> `y = 1 5`;
+    `x = 2 7 1 8`, query `1` (`x_3`, L = 4 even) -> `y = 7 1 8`.
 
     Args:
         tokens: `(batch, max_len)` long tokens, -100 padding.
@@ -278,18 +299,27 @@ def drecall_targets(
         query_index: `(batch,)` 0-based position of the query's occurrence.
 
     Returns:
-        `(batch, 1)` labels.
+        `(batch, max_len)` labels.
     """
-    target = drecall_target_index(query_index, lengths).unsqueeze(1)  # (batch, 1)
-    return tokens.gather(1, target)  # (batch, 1)
+    start = drecall_target_index(query_index, lengths)  # (batch,)
+    steps = torch.arange(tokens.shape[1], device=tokens.device)  # (max_len,)
+    index = start.unsqueeze(1) + steps.unsqueeze(0)  # (batch, max_len)
+    return _gather_tokens(tokens, lengths - start, index)
 
 
 def psort_targets(
     tokens: torch.Tensor, lengths: torch.Tensor, scores: torch.Tensor
 ) -> torch.Tensor:
-    """Priority Sort: the tokens ordered by ascending priority score.
+    """Priority Sort: the tokens ordered by ascending priority score; `L` output steps.
 
-    Example: `x = 3 1 4` with scores `0.5 -1.2 0.1` -> `y = 1 4 3`.
+    The paper's appendix: "each input token is associated with a priority score sampled from
+    the standard normal distribution. The target output will be tokens from the input sequence
+    sorted ascending by their the score." The score is the slot's feature 12; `L = 10`, so the
+    test lengths are 10 / 11 / 21 / 41 / 81 (the paper's P. Sort table). Nothing is ambiguous
+    here; the generator was checked against the text in issue 15 and left unchanged.
+
+    Worked example: `x = 3 1 4` with scores `0.5 -1.2 0.1` -> `y = 1 4 3` (scores
+    `-1.2 < 0.1 < 0.5`).
 
     Args:
         tokens: `(batch, max_len)` long tokens, -100 padding.
@@ -487,7 +517,7 @@ def make_batch(
 
     if task == "drecall":
         tokens, query_index = _sample_drecall(tokens, lengths, generator)
-        labels = drecall_targets(tokens, lengths, query_index)  # (batch, 1)
+        labels = drecall_targets(tokens, lengths, query_index)  # (batch, hi)
         query = tokens.gather(1, query_index.unsqueeze(1))  # (batch, 1)
         padded = torch.cat([tokens, torch.full_like(query, PAD_LABEL)], dim=1)  # (batch, hi+1)
         rows = torch.arange(batch_size, device=work)  # (batch,)

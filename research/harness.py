@@ -80,7 +80,11 @@ class TrainConfig:
 
 @dataclass
 class RunResult:
-    """Result of one `train_and_evaluate` run: accuracies in percent keyed by test length."""
+    """Result of one `train_and_evaluate` run: accuracies in percent keyed by test length.
+
+    `test_parity_accuracy[length]` is `{"odd": ..., "even": ...}`, the token accuracy on the odd and
+    on the even target steps (1-based `t`): on Mix, the middle-token and the `x_1` steps.
+    """
 
     task: str
     model: str
@@ -93,6 +97,7 @@ class RunResult:
     train_seconds: float
     history: list[dict] = field(default_factory=list)
     best_valid_loss: float | None = None
+    test_parity_accuracy: dict[int, dict[str, float]] = field(default_factory=dict)
 
 
 def sequence_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -120,13 +125,13 @@ def fixed_eval_batches(task: str, length: int, num_samples: int, batch_size: int
 
 
 @torch.no_grad()
-def evaluate_with_loss(model: nn.Module, batches) -> tuple[float, float]:
-    """`(token accuracy in percent, mean cross-entropy per real target token)` of `model` in eval
-    mode over a list of `AlgorithmicBatch`."""
+def _evaluate(model: nn.Module, batches) -> dict:
+    """Accuracy, loss and accuracy on odd / even target steps (1-based t) of `model` in eval mode."""
     was_training = model.training
     model.eval()
     correct = total = 0
     loss_sum = 0.0
+    parity = {"odd": [0, 0], "even": [0, 0]}  # name -> [correct, total]
     for batch in batches:
         logits = model(batch.inputs, batch.attention_mask, batch.labels.shape[1]).logits
         c, t = token_counts(logits, batch.labels)
@@ -134,8 +139,29 @@ def evaluate_with_loss(model: nn.Module, batches) -> tuple[float, float]:
         loss_sum += nn.functional.cross_entropy(
             logits.flatten(0, 1), batch.labels.flatten(), ignore_index=PAD_LABEL, reduction="sum"
         ).item()  # logits flattened to (batch*steps, 10)
+        for name, first in (("odd", 0), ("even", 1)):  # t = 1, 3, ... are columns 0, 2, ...
+            c, t = token_counts(logits[:, first::2], batch.labels[:, first::2])
+            parity[name][0] += c
+            parity[name][1] += t
     model.train(was_training)
-    return 100.0 * correct / max(total, 1), loss_sum / max(total, 1)
+    return {
+        "accuracy": 100.0 * correct / max(total, 1),
+        "loss": loss_sum / max(total, 1),
+        "parity": {name: 100.0 * c / max(t, 1) for name, (c, t) in parity.items()},
+    }
+
+
+def evaluate_with_loss(model: nn.Module, batches) -> tuple[float, float]:
+    """`(token accuracy in percent, mean cross-entropy per real target token)` of `model` in eval
+    mode over a list of `AlgorithmicBatch`."""
+    scores = _evaluate(model, batches)
+    return scores["accuracy"], scores["loss"]
+
+
+def evaluate_by_step_parity(model: nn.Module, batches) -> dict[str, float]:
+    """Token accuracy (percent) on the odd and on the even target steps (1-based `t`), e.g. Mix's
+    middle-token steps (odd) and its `x_1` steps (even)."""
+    return _evaluate(model, batches)["parity"]
 
 
 def evaluate(model: nn.Module, batches) -> float:
@@ -217,10 +243,11 @@ def train_and_evaluate(config: TrainConfig, *, progress: bool = False, log=None)
         bar.close()
     model.load_state_dict(best_state)
     model.eval()
-    test_accuracy = {
-        length: evaluate(model, monitor_batches.get(length) or test_batches(length))
+    test_scores = {
+        length: _evaluate(model, monitor_batches.get(length) or test_batches(length))
         for length in (*spec.test_lengths, *config.extra_test_lengths)
     }
+    test_accuracy = {length: scores["accuracy"] for length, scores in test_scores.items()}
     result = RunResult(
         task=config.task,
         model=config.model,
@@ -233,6 +260,7 @@ def train_and_evaluate(config: TrainConfig, *, progress: bool = False, log=None)
         train_seconds=train_seconds,
         history=history,
         best_valid_loss=best_loss,
+        test_parity_accuracy={length: scores["parity"] for length, scores in test_scores.items()},
     )
     return result, model
 
@@ -307,5 +335,6 @@ def load_results(path: str | Path) -> list[RunResult]:
     for run in runs:
         run = dict(run)
         run["test_accuracy"] = {int(length): value for length, value in run["test_accuracy"].items()}
+        run["test_parity_accuracy"] = {int(n): v for n, v in run.get("test_parity_accuracy", {}).items()}
         results.append(RunResult(**run))
     return results

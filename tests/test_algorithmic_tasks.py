@@ -62,31 +62,42 @@ def test_reverse_matches_paper_example() -> None:
     assert reverse_targets(padded, torch.tensor([3, 2])).tolist() == [[4, 1, 3], [9, 5, -100]]
 
 
-def test_mix_matches_paper_example() -> None:
+def test_mix_follows_paper_text_on_its_example() -> None:
+    # The text's rule on the Chat-GPT table's input: x_1 = x_5 = '$', so every step is '$'
+    # (the table's "true output" $%$&$%$@$# copies x_t at even steps; see mix_targets).
     tokens, lengths = _one(symbols_to_tokens("$%&&$%^@%#"))
-    assert tokens_to_symbols(mix_targets(tokens, lengths)[0]) == "$%$&$%$@$#"
+    assert tokens_to_symbols(mix_targets(tokens, lengths)[0]) == "$$$$$$$$$$"
 
 
-def test_mix_uses_middle_token_on_odd_steps() -> None:
-    # x_1 != x_ceil(L/2) here, so this separates the chosen reading from "odd t -> x_1".
+def test_mix_worked_example_middle_on_odd_steps_first_on_even() -> None:
+    # x_1 != x_ceil(L/2) and no x_t repeats them, so each branch is pinned: odd t -> middle, even t -> x_1.
     tokens = torch.tensor([[3, 1, 4, 1, 5], [7, 2, 8, 6, -100]])
     lengths = torch.tensor([5, 4])
-    assert mix_targets(tokens, lengths).tolist() == [[4, 1, 4, 1, 4], [2, 2, 2, 6, -100]]
+    assert mix_targets(tokens, lengths).tolist() == [[4, 3, 4, 3, 4], [2, 7, 2, 7, -100]]
+    # At L = 20 (2(L+1)) the middle is x_10: y = x_10 x_1 x_10 x_1 ...
+    long = torch.arange(20).remainder(10).unsqueeze(0)  # x_t = (t-1) mod 10
+    assert mix_targets(long, torch.tensor([20]))[0].tolist() == [9, 0] * 10
 
 
 def test_drecall_matches_paper_example() -> None:
     tokens, lengths = _one(symbols_to_tokens("$(&&$#^@%#"))
-    query_index = torch.tensor([8])  # the only '%'
-    assert tokens_to_symbols(drecall_targets(tokens, lengths, query_index)[0]) == "@"
+    query_index = torch.tensor([8])  # the only '%'; L = 10 is even: start at its left neighbour '@'
+    labels = drecall_targets(tokens, lengths, query_index)
+    assert tokens_to_symbols(labels[0]) == "@%#"
+    assert labels[0, 3:].tolist() == [-100] * 7
 
 
-def test_drecall_odd_length_takes_right_neighbour() -> None:
-    tokens, lengths = _one([3, 1, 4])
-    assert drecall_targets(tokens, lengths, torch.tensor([1])).tolist() == [[4]]
-    assert drecall_targets(tokens, lengths, torch.tensor([0])).tolist() == [[1]]
+def test_drecall_worked_examples_odd_right_even_left() -> None:
+    tokens, lengths = _one([3, 1, 4, 1, 5])  # L = 5, odd: query 4 (x_3) -> x_4 x_5
+    assert drecall_targets(tokens, lengths, torch.tensor([2])).tolist() == [[1, 5, -100, -100, -100]]
+    tokens, lengths = _one([2, 7, 1, 8])  # L = 4, even: query 1 (x_3) -> x_2 x_3 x_4
+    assert drecall_targets(tokens, lengths, torch.tensor([2])).tolist() == [[7, 1, 8, -100]]
+    padded = torch.tensor([[3, 1, 4], [5, 9, -100]])  # odd L = 3 query x_1; even L = 2 query x_2
+    labels = drecall_targets(padded, torch.tensor([3, 2]), torch.tensor([0, 1]))
+    assert labels.tolist() == [[1, 4, -100], [5, 9, -100]]
 
 
-def test_psort_hand_example() -> None:
+def test_psort_worked_example() -> None:
     tokens = torch.tensor([[3, 1, 4], [5, 9, -100]])
     scores = torch.tensor([[0.5, -1.2, 0.1], [2.0, 1.0, -9.0]])
     labels = psort_targets(tokens, torch.tensor([3, 2]), scores)
@@ -148,23 +159,24 @@ def test_mix_batch_follows_rule() -> None:
     batch = make_batch("mix", 32, (1, 12), generator=_seeded(4))
     for row, n in enumerate(_lengths(batch).tolist()):
         x = batch.input_tokens[row].tolist()
-        expected = [x[(n + 1) // 2 - 1] if t % 2 == 1 else x[t - 1] for t in range(1, n + 1)]
+        expected = [x[(n + 1) // 2 - 1] if t % 2 == 1 else x[0] for t in range(1, n + 1)]
         assert batch.labels[row, :n].tolist() == expected
 
 
 def test_drecall_batch_query_unique_and_answer() -> None:
     batch = make_batch("drecall", 64, (2, 20), generator=_seeded(6))
     lengths = _lengths(batch) - 1  # input_tokens also holds the query
-    assert batch.labels.shape == (64, 1)
+    assert batch.labels.shape == (64, 20)
     assert batch.inputs.shape == (64, 23, 13)
     for row, n in enumerate(lengths.tolist()):
         x = batch.input_tokens[row, :n].tolist()
         query = int(batch.input_tokens[row, n])
         assert x.count(query) == 1
         j = x.index(query)
-        answer = x[j - 1] if n % 2 == 0 else x[j + 1]
-        assert n % 2 == 1 or j >= 1
-        assert int(batch.labels[row, 0]) == answer
+        start = j - 1 if n % 2 == 0 else j + 1
+        assert 0 <= start < n
+        target = batch.labels[row].tolist()
+        assert target == x[start:] + [-100] * (20 - (n - start))
         # The query slot (after the tokens, before END) carries the token and the flag.
         query_slot = batch.inputs[row, n + 1]
         assert int(query_slot[:NUM_TOKENS].argmax()) == query
@@ -177,8 +189,8 @@ def test_drecall_batch_query_unique_and_answer() -> None:
 def test_drecall_length_two_is_well_defined() -> None:
     batch = make_batch("drecall", 50, 2, generator=_seeded(0))
     x = batch.input_tokens
-    assert torch.equal(x[:, 2], x[:, 1])  # even length: query is the 2nd token, answer the 1st
-    assert torch.equal(batch.labels[:, 0], x[:, 0])
+    assert torch.equal(x[:, 2], x[:, 1])  # even length: query is the 2nd token, target x_1 x_2
+    assert torch.equal(batch.labels, x[:, :2])
     assert bool((x[:, 0] != x[:, 1]).all())
 
 
@@ -235,13 +247,16 @@ def test_tuple_lengths_mask_and_padding() -> None:
         assert bool((batch.inputs[rows, lengths + 1 + extra, END_FEATURE] == 1).all())
         assert batch.inputs[:, :, END_FEATURE].sum() == 40
         assert bool((batch.inputs[:, 0, START_FEATURE] == 1).all())
-        if task != "drecall":
-            steps = torch.arange(hi)
-            pad_steps = steps.unsqueeze(0) >= lengths.unsqueeze(1)
-            assert bool((batch.labels[pad_steps] == -100).all())
-            assert bool((batch.labels[~pad_steps] >= 0).all())
-        else:
-            assert bool((batch.labels >= 0).all())
+        steps = torch.arange(hi)
+        target_lengths = lengths
+        if task == "drecall":  # the target runs from the query's neighbour to x_L
+            query_index = (batch.input_tokens[:, :hi] == batch.input_tokens[rows, lengths].unsqueeze(1)).long()
+            start = query_index.argmax(dim=1) + torch.where(lengths % 2 == 0, -1, 1)  # (batch,)
+            target_lengths = lengths - start
+        pad_steps = steps.unsqueeze(0) >= target_lengths.unsqueeze(1)
+        assert batch.labels.shape == (40, hi)
+        assert bool((batch.labels[pad_steps] == -100).all())
+        assert bool((batch.labels[~pad_steps] >= 0).all())
         assert bool((batch.input_tokens[:, :lo] >= 0).all())
 
 
@@ -292,9 +307,11 @@ def test_shapes_for_every_test_length(task: str) -> None:
         assert batch.inputs.shape == (2, length + 2 + extra, spec.feature_dim)
         assert batch.attention_mask.shape == (2, length + 2 + extra)
         assert bool((batch.attention_mask == 1).all())
-        assert batch.labels.shape == ((2, 1) if task == "drecall" else (2, length))
+        assert batch.labels.shape == (2, length)
         assert batch.input_tokens.shape == (2, length + extra)
-        assert bool(((batch.labels >= 0) & (batch.labels < NUM_TOKENS)).all())
+        real = batch.labels != -100
+        assert bool((batch.labels[real] < NUM_TOKENS).all()) and bool((batch.labels[real] >= 0).all())
+        assert bool(real.all()) if task != "drecall" else bool(real[:, 0].all())
 
 
 def test_device_argument_moves_every_tensor() -> None:
@@ -304,3 +321,17 @@ def test_device_argument_moves_every_tensor() -> None:
     moved = batch.to("meta")
     assert {t.device.type for t in (moved.inputs, moved.labels, moved.input_tokens)} == {"meta"}
     assert moved.attention_mask.device.type == "meta"
+
+
+def test_mix_table_rule_diagnostic_copies_x_t_on_even_steps() -> None:
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "examples" / "length_generalization" / "mix_table_rule.py"
+    spec = importlib.util.spec_from_file_location("mix_table_rule", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    tokens, lengths = _one([3, 1, 4, 1, 5])
+    assert module.table_rule_targets(tokens, lengths).tolist() == [[4, 1, 4, 1, 4]]
+    tokens, lengths = _one(symbols_to_tokens("$%&&$%^@%#"))  # the paper's Chat-GPT table row
+    assert tokens_to_symbols(module.table_rule_targets(tokens, lengths)[0]) == "$%$&$%$@$#"

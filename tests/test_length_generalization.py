@@ -122,16 +122,39 @@ def test_demo_smoke_writes_pngs_and_results(tmp_path):
     run = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(run)
     summary = run.main(["--smoke", "--no-progress", "--threads", "1", "--output-dir", str(tmp_path)])
-    assert set(summary["copy"]) == {"panm", "content"}
+    # The demo's three models: the paper's PANM, PANM with `shift`, content attention.
+    assert list(summary["copy"]) == ["panm", "panm_shift", "content"]
     assert list(summary["copy"]["panm"]["mean"]) == [9, 10, 20, 40, 80]
-    for name in ("accuracy_vs_length.png", "pointer_attention.png"):
+    for name in ("accuracy_vs_length.png", "pointer_attention.png", "pointer_attention_copy_panm_shift.png"):
         data = (tmp_path / name).read_bytes()
         assert data[:8] == PNG_MAGIC and len(data) > 1000
     saved = json.loads((tmp_path / "results.json").read_text())
-    assert {run["model"] for run in saved["runs"]} == {"panm", "content"}
+    assert {run["model"] for run in saved["runs"]} == {"panm", "panm_shift", "content"}
     reloaded = summarize(load_results(tmp_path / "results.json"))
     assert reloaded["copy"]["panm"]["mean"] == summary["copy"]["panm"]["mean"]
     assert "| panm |" in (tmp_path / "results.md").read_text()
+
+
+def _load_run_py():
+    spec = importlib.util.spec_from_file_location("length_generalization_run", RUN_PY)
+    run = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(run)
+    return run
+
+
+def test_demo_defaults_to_three_models_and_one_thread_when_busy():
+    run = _load_run_py()
+    args = run.parse_args([])
+    assert args.models == ["panm", "panm_shift", "content"]
+    assert args.threads is None  # chosen at run time by default_threads
+    assert run.default_threads(cores=2, load=0.3) == (2, None)
+    threads, warning = run.default_threads(cores=2, load=2.0)
+    assert threads == 1 and "busy" in warning and "--threads" in warning
+    assert run.default_threads(cores=16, load=15.9) == (2, None)
+    assert run.default_threads(cores=1, load=0.0)[0] == 1
+    assert run.parse_args(["--threads", "3"]).threads == 3
+    with pytest.raises(ValueError, match="--threads"):
+        run.parse_args(["--threads", "0"])
 
 
 def test_profile_correlation_sees_exact_and_no_repetition():
@@ -244,3 +267,34 @@ def test_history_records_the_validation_loss_of_the_selected_checkpoint():
     selected = [e for e in result.history if e["valid_accuracy"] == top][-1]  # ties go to the later one
     assert result.best_step == selected["step"]
     assert result.best_valid_loss == selected["valid_loss"]
+
+
+def test_step_parity_accuracy_splits_odd_and_even_target_steps():
+    from research.harness import TrainConfig, evaluate_by_step_parity, train_and_evaluate
+    from research.models import AlgorithmicModelOutput
+
+    class OddStepsRight(torch.nn.Module):
+        """Puts the true label on odd steps (1-based t) and a wrong token on even steps."""
+
+        def __init__(self, labels):
+            super().__init__()
+            self.labels = labels
+
+        def forward(self, inputs, attention_mask, num_steps, **_):
+            target = self.labels.clamp(min=0)  # (batch, steps)
+            wrong = (target + 1) % 10
+            steps = torch.arange(num_steps)
+            chosen = torch.where(steps % 2 == 0, target, wrong)  # (batch, steps)
+            return AlgorithmicModelOutput(logits=torch.nn.functional.one_hot(chosen, 10).float())
+
+    batch = make_batch("mix", 8, 9, generator=torch.Generator().manual_seed(0))
+    assert evaluate_by_step_parity(OddStepsRight(batch.labels), [batch]) == {"odd": 100.0, "even": 0.0}
+    config = TrainConfig(task="mix", model="panm", steps=2, batch_size=4, eval_every=2, eval_samples=4,
+                         eval_batch_size=4,
+                         model_kwargs={"pointer_hidden_size": 16, "controller_hidden_size": 16, "mlp_hidden_size": 16})
+    result, _ = train_and_evaluate(config)
+    assert list(result.test_parity_accuracy) == list(result.test_accuracy) == [9, 10, 20, 40, 80]
+    for length, parity in result.test_parity_accuracy.items():
+        odd_steps, even_steps = (length + 1) // 2, length // 2  # every Mix target has `length` steps
+        mean = (parity["odd"] * odd_steps + parity["even"] * even_steps) / length
+        assert mean == pytest.approx(result.test_accuracy[length])

@@ -1,11 +1,14 @@
 """Length generalisation on the PANM paper's algorithmic tasks (Sec. 3.1).
 
-With no arguments: trains PANM and the content-attention (Bahdanau) baseline on
-Copy with a CPU-sized budget, prints token accuracy per test length
-(L, L+1, 2(L+1), 4(L+1), 8(L+1)), and writes `accuracy_vs_length.png`,
-`pointer_attention.png` (the Mode-1 address attention of each pointer over the
-decoding steps for one test sample of length 2(L+1), like the paper's Fig. 2c/2d),
-`results.json` and `results.md` into `--output-dir`.
+With no arguments (the demo, `make demo`): trains three models on Copy with a CPU-sized
+budget (500 steps at batch 64): the paper's PANM (`panm`), PANM with content-free pointer
+arithmetic (`panm_shift`, `pointer_update="shift"`, beyond the paper) and the content-attention
+(Bahdanau) baseline; prints token accuracy per test length (L, L+1, 2(L+1), 4(L+1), 8(L+1)),
+and writes `accuracy_vs_length.png` (all three), `pointer_attention.png` (the faithful PANM's
+Mode-1 address attention of each pointer over the decoding steps for one test sample of length
+2(L+1), like the paper's Fig. 2c/2d; `pointer_attention_copy_panm_shift.png` for `shift`),
+`results.json` and `results.md` into `--output-dir`. It uses two threads on an idle machine and
+one when the machine is busy (load average >= cores); `--threads` overrides.
 
 Full protocol, e.g.:
     python examples/length_generalization/run.py --task reverse \
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -31,16 +35,19 @@ from research.diagnostics import address_score_periodicity  # noqa: E402
 from research.harness import TrainConfig, markdown_table, train_and_evaluate, write_results  # noqa: E402
 from research.models import MODEL_NAMES, PANM_VARIANTS  # noqa: E402
 
+# The demo's models: the paper's PANM, PANM with the content-free `shift` Pointer Unit, the best baseline.
+DEMO_MODELS = ("panm", "panm_shift", "content")
+
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
         "--task", nargs="+", default=["copy"], choices=(*TASKS, "all"), help="one or more tasks, or all"
     )
-    parser.add_argument("--models", nargs="+", default=["panm", "content"], choices=MODEL_NAMES)
-    parser.add_argument("--steps", type=int, default=1000, help="optimiser steps per run")
+    parser.add_argument("--models", nargs="+", default=list(DEMO_MODELS), choices=MODEL_NAMES)
+    parser.add_argument("--steps", type=int, default=500, help="optimiser steps per run")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
-    parser.add_argument("--batch-size", type=int, default=128)
+    parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--eval-every", type=int, default=50, help="steps between validations at L+1")
     parser.add_argument("--eval-samples", type=int, default=256, help="samples per validation/test length")
@@ -66,7 +73,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     parser.add_argument("--device", default="cpu")
     parser.add_argument(
-        "--threads", type=int, default=2, help="torch CPU threads (use 1 on a box shared with other jobs)"
+        "--threads",
+        type=int,
+        default=None,
+        help="torch CPU threads (default: 2, or 1 when the machine is busy: load average >= its cores)",
     )
     parser.add_argument("--output-dir", default="outputs/length_generalization")
     parser.add_argument("--no-progress", action="store_true", help="hide the tqdm bar")
@@ -80,9 +90,30 @@ def parse_args(argv=None) -> argparse.Namespace:
                 f"--{flag.replace('_', '-')} takes positive multiples of L+1 (e.g. 16); got {getattr(args, flag)}."
             )
     for name in ("steps", "batch_size", "eval_every", "eval_samples", "threads"):
-        if getattr(args, name) < 1:
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1; got {getattr(args, name)}.")
     return args
+
+
+def default_threads(cores: int | None = None, load: float | None = None) -> tuple[int, str | None]:
+    """`(threads, warning or None)`: 2 threads (at most the cores), or 1 when the machine is busy.
+
+    Busy = the 1-minute load average is at least the number of cores: other jobs already use
+    every core, and on such a box two threads per process made a PANM step up to ~20x slower
+    (docs/RESULTS.md, protocol). `cores` and `load` default to this machine's.
+    """
+    if cores is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if load is None:
+        load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    if load >= cores:
+        return 1, (
+            f"the machine is busy (load average {load:.1f} on {cores} cores): using 1 thread, so the demo "
+            "may take longer than its ~5 minutes; pass --threads N to override"
+        )
+    if cores < 2:
+        return 1, "1 CPU core: the demo may take about twice its ~5 minutes"
+    return 2, None
 
 
 def extra_lengths(task: str, multiples: list[int]) -> tuple[int, ...]:
@@ -216,6 +247,10 @@ def plot_score_profiles(diagnostics: list[dict], path: Path) -> None:
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
+    if args.threads is None:
+        args.threads, warning = default_threads()
+        if warning:
+            print(f"warning: {warning}", file=sys.stderr)
     torch.set_num_threads(args.threads)
     output_dir = Path(args.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
