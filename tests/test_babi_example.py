@@ -79,7 +79,7 @@ def test_length_split_puts_the_longest_questions_in_test():
     questions = [BabiQuestion(1, ["a b ."] * n, "where ?", "x") for n in (3, 1, 4, 2, 5)]
     train, test = length_split(questions, 0.6)
     assert [len(q.story) for q in train] == [1, 2, 3] and [len(q.story) for q in test] == [4, 5]
-    with pytest.raises(ValueError, match="split_ratio"):
+    with pytest.raises(ValueError, match="train_fraction"):
         length_split(questions, 1.0)
 
 

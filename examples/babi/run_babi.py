@@ -46,7 +46,7 @@ from transformers import (
     set_seed,
 )
 
-from panm_hf import PanmMemoryConfig
+from panm_hf import PanmMemoryConfig, splits
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "translation"))
 from run_translation import (  # noqa: E402
@@ -190,12 +190,9 @@ def load_task(data_dir: Path, subset: str, task: int) -> list[BabiQuestion]:
 
 
 def length_split(questions: list[BabiQuestion], ratio: float) -> tuple[list[BabiQuestion], list[BabiQuestion]]:
-    """Sort by length in words (story + question; stable, so ties keep file order) and cut at `ratio`."""
-    if not 0.0 < ratio < 1.0:
-        raise ValueError(f"--split_ratio must be in (0, 1) (got {ratio}).")
-    ordered = sorted(questions, key=lambda q: len(q.source.split()))
-    cut = round(len(ordered) * ratio)
-    return ordered[:cut], ordered[cut:]
+    """The paper's split (`panm_hf.splits.length_split`): sort by length in words (story + question; stable,
+    so ties keep file order) and cut at `ratio`."""
+    return splits.length_split(questions, ratio, sort_key=lambda q: len(q.source.split()))
 
 
 def parse_tasks(text: str) -> list[int]:

@@ -48,6 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the research/ pa
 from research.dyck import PAD, make_dyck_batch, sequence_accuracy  # noqa: E402
 
 MODELS = ("srnn", "panm")
+PANM_OUTPUTS = ("controller", "stack")
 PAPER_TRAIN_LENGTH = {2: 10, 3: 20}  # the paper's L: "10 (D2) and 20 (D3) tokens"
 # PANM sizes for a CPU run (the paper: 256-d GRUs, 128-d MLPs); b = 10 as in the paper.
 DYCK_PANM_DEFAULTS = {"pointer_hidden_size": 32, "controller_hidden_size": 32, "mlp_hidden_size": 32}
@@ -60,6 +61,10 @@ class DyckArguments:
     num_pairs: int = field(default=2, metadata={"help": "n of Dyck-n: 2 (D2) or 3 (D3) in the paper."})
     train_length: int = field(default=0, metadata={"help": "L, the longest training string; 0: the paper's."})
     model: str = field(default="both", metadata={"help": "srnn, panm or both."})
+    panm_output: str = field(
+        default="controller",
+        metadata={"help": "PANM's logits: controller (g^o alone, the paper) or stack (W_y h_t + zero-init g^o)."},
+    )
     train_size: int = field(default=5000, metadata={"help": "Training strings (paper: 5000)."})
     test_size: int = field(default=1000, metadata={"help": "Test strings per test length (paper: 5000)."})
     epochs: int = field(default=5, metadata={"help": "Training epochs (paper: 5)."})
@@ -130,7 +135,12 @@ class SrnnModel(nn.Module):
 
 
 class SrnnPanmModel(nn.Module):
-    """The stack-RNN as PANM's encoder; PANM decodes autoregressively over the causal memory."""
+    """The stack-RNN as PANM's encoder; PANM decodes autoregressively over the causal memory.
+
+    `args.panm_output`: `"controller"` (the paper's appendix: the logits are the Controller's `g^o`
+    alone) or `"stack"` (the baseline's own `W_y h_t` plus `g^o`, whose last layer starts at zero, so
+    the model starts as the baseline: the library's `placement="stack"`).
+    """
 
     def __init__(self, vocab_size: int, args: DyckArguments, panm_config: PanmMemoryConfig):
         super().__init__()
@@ -142,14 +152,21 @@ class SrnnPanmModel(nn.Module):
             decoder_input_size=vocab_size,
             output_size=vocab_size,
         )
+        self.output = None
+        if args.panm_output == "stack":  # built only here: the default draws the same init as before
+            self.output = nn.Linear(args.srnn_hidden_size, vocab_size)  # W_y, as in the baseline
+            nn.init.zeros_(self.panm.controller.output_mlp[-1].weight)
+            nn.init.zeros_(self.panm.controller.output_mlp[-1].bias)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         inputs = one_hot(tokens, self.vocab_size)  # (batch, steps, vocab); z_t = the symbol just read
-        memory = torch.cat([inputs, self.encoder(inputs)], dim=-1)  # (batch, steps, vocab + hidden)
+        states = self.encoder(inputs)  # (batch, steps, hidden)
+        memory = torch.cat([inputs, states], dim=-1)  # (batch, steps, vocab + hidden)
         mask = tokens != PAD
         positions = torch.arange(tokens.shape[1], device=tokens.device).expand_as(tokens)  # (batch, steps)
         output = self.panm(memory, inputs, attention_mask=mask, causal_positions=positions)
-        return output.hidden_states  # (batch, steps, vocab) logits from g^o
+        logits = output.hidden_states  # (batch, steps, vocab) from g^o
+        return logits if self.output is None else self.output(states) + logits
 
 
 def one_hot(tokens: torch.Tensor, vocab_size: int) -> torch.Tensor:
@@ -264,6 +281,8 @@ def main(argv: list[str] | None = None) -> dict:
         raise ValueError(f"--num_pairs must be 1..4 (got {args.num_pairs}); the paper runs 2 and 3.")
     if args.model not in (*MODELS, "both"):
         raise ValueError(f"--model must be one of {(*MODELS, 'both')} (got {args.model!r}).")
+    if args.panm_output not in PANM_OUTPUTS:
+        raise ValueError(f"--panm_output must be one of {PANM_OUTPUTS} (got {args.panm_output!r}).")
     train_length = args.train_length or PAPER_TRAIN_LENGTH.get(args.num_pairs, 10)
     if train_length < 2 or train_length % 2:
         raise ValueError(f"--train_length must be an even number >= 2 (got {train_length}).")
