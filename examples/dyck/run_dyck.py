@@ -16,7 +16,8 @@ the previous step's output `z_t = y_{t-1}` of the paper's appendix):
   read so far, its one-hot token and the stack-RNN state (the paper's main text stores the raw
   tokens, its appendix uses the SRNN as the encoder: both are in the slot). `PanmMemory` decodes
   with `causal_positions` (step t reads slots <= t: "masking M"), `z_t` = the one-hot of symbol t,
-  and the Controller's `g^o` gives the 2n logits (no decoder stacked on top).
+  and the Controller's `g^o` gives the 2n logits (no decoder stacked on top). `--panm_output stack`
+  adds the baseline's own `W_y h_t` to a zero-initialised `g^o` instead (starts as the baseline).
 
 Training as in the paper's appendix: 5000 training strings, 5 epochs, the checkpoint with the best
 training accuracy (scored at the end of each epoch) is tested. Adam at marnns' learning rate 0.01.
