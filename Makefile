@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH_VERSION ?= 2.13.0
 
-.PHONY: setup test test-smoke test-slow lint demo quickstart clean
+.PHONY: setup test test-smoke test-slow lint demo quickstart dyck clean
 
 $(VENV)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,10 @@ demo: setup  ## the main job: the faithful PANM, PANM with shift and content att
 
 quickstart: setup
 	$(PY) examples/quickstart.py
+
+dyck: setup  ## the paper's Dyck experiment (D2, D3): stack-RNN vs stack-RNN + PANM, minutes each on one CPU thread
+	OMP_NUM_THREADS=1 $(PY) examples/dyck/run_dyck.py --num_pairs 2 --output_dir outputs/dyck2
+	OMP_NUM_THREADS=1 $(PY) examples/dyck/run_dyck.py --num_pairs 3 --output_dir outputs/dyck3
 
 clean:
 	rm -rf $(VENV) outputs .pytest_cache
