@@ -90,6 +90,7 @@ class PanmMemory(nn.Module):
             else None
         )
         self.dropout = nn.Dropout(config.panm_dropout)
+        self.drop_path = config.panm_drop_path
         num_reads = config.num_pointer_units + config.num_mode2_heads + (self.content_reader is not None)
         self.controller = Controller(
             config,
@@ -294,6 +295,9 @@ class PanmMemory(nn.Module):
             self.dropout(reads), decoder_states, state.controller_hidden, step_mask=step_mask
         )
         hidden_states = self.dropout(hidden_states)
+        if self.training and self.drop_path > 0:  # stochastic depth: a sample keeps all of PANM's output or none
+            keep = torch.rand(batch_size, 1, 1, device=hidden_states.device) >= self.drop_path  # (batch, 1, 1)
+            hidden_states = hidden_states * keep.to(hidden_states.dtype) / (1.0 - self.drop_path)
         return PanmMemoryOutput(
             hidden_states=hidden_states,
             state=PanmState(

@@ -73,6 +73,11 @@ class PanmMemoryConfig:
         panm_dropout (`float`, *optional*, defaults to 0.0):
             dropout on the reads entering the Controller and on its output (the paper has none; the
             authors' code drops 0.5 of the Mode-2 attention).
+        panm_drop_path (`float`, *optional*, defaults to 0.0):
+            beyond the paper: in training, the probability that a sample's whole PANM output is dropped
+            (set to zero; kept outputs are scaled by `1 / (1 - p)`), stochastic depth on PANM's branch.
+            Meant for `placement="stack"`/`"residual"`, where the backbone's own path then has to stay
+            good alone instead of co-adapting with PANM; no effect in eval. 0 disables it.
         recurrence_kernel (`str`, *optional*, defaults to `"auto"`):
             how PANM's two recurrences, the Pointer-Unit loop and the Controller GRU, run (speed only; the
             results agree to rounding). `"eager"`: one step at a time in PyTorch ops and `nn.GRU` (the
@@ -120,6 +125,9 @@ class PanmMemoryConfig:
         },
     )
     panm_dropout: float = field(default=0.0, metadata={"help": "Dropout on PANM's reads and output (paper: 0)."})
+    panm_drop_path: float = field(
+        default=0.0, metadata={"help": "Training: probability of dropping a sample's whole PANM output (0: off)."}
+    )
     recurrence_kernel: str = field(
         default="auto",
         metadata={
@@ -190,6 +198,11 @@ class PanmMemoryConfig:
         dropout = self.panm_dropout
         if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0.0 <= dropout < 1.0:
             raise ValueError(f"panm_dropout must be a probability in [0, 1) (got {dropout!r}); 0 disables it.")
+        drop_path = self.panm_drop_path
+        if isinstance(drop_path, bool) or not isinstance(drop_path, (int, float)) or not 0.0 <= drop_path < 1.0:
+            raise ValueError(
+                f"panm_drop_path must be a probability in [0, 1) (got {drop_path!r}); 0 disables it."
+            )
         if self.recurrence_kernel not in RECURRENCE_KERNELS:
             raise ValueError(
                 f"recurrence_kernel={self.recurrence_kernel!r} is not supported; choose one of {RECURRENCE_KERNELS} "

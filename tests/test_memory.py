@@ -239,3 +239,21 @@ def test_compiled_pointer_step_matches_eager():
     compiled = memory(states, decoder, output_attentions=True)
     assert torch.allclose(compiled.address_attentions, eager.address_attentions, atol=1e-5)
     assert torch.allclose(compiled.hidden_states, eager.hidden_states, atol=1e-5)
+
+
+def test_drop_path_drops_whole_samples_in_training_only():
+    memory = tiny(panm_drop_path=0.5).train()
+    states, decoder = torch.randn(16, 5, 8), torch.randn(16, 4, 6)
+    base = torch.arange(16) * 3
+    torch.manual_seed(0)
+    dropped = memory(states, decoder, base_address=base).hidden_states  # (16, 4, out)
+    memory.drop_path = 0.0
+    reference = memory(states, decoder, base_address=base).hidden_states
+    zeroed = dropped.flatten(1).abs().amax(dim=1) == 0  # (16,) whole samples, never single steps
+    assert 0 < int(zeroed.sum()) < 16
+    assert torch.allclose(dropped[~zeroed], reference[~zeroed] / 0.5, atol=1e-6)
+    assert reference[zeroed].abs().amax() > 0  # those samples had an output to drop
+    memory.drop_path = 0.5
+    memory.eval()
+    assert torch.equal(memory(states, decoder).hidden_states, memory(states, decoder).hidden_states)
+    assert memory(states, decoder).hidden_states.flatten(1).abs().amax(dim=1).min() > 0

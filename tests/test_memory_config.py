@@ -64,7 +64,7 @@ def test_every_memory_field_is_a_panm_config_field_with_the_same_default():
         assert config_fields[field.name].default == field.default, field.name
         assert field.metadata.get("help"), f"{field.name} has no help for HfArgumentParser"
     assert PanmConfig().memory_config == PanmMemoryConfig()
-    assert len(MEMORY_FIELDS) == 15 and set(CHOICE_FIELDS) == {
+    assert len(MEMORY_FIELDS) == 16 and set(CHOICE_FIELDS) == {
         "scoring", "controller_init", "pointer_update", "content_read", "recurrence_kernel"
     }  # fmt: skip
 
@@ -84,7 +84,8 @@ def test_a_bad_choice_raises_naming_the_field_and_the_choices(name):
     "name, bad",
     [("address_bits", 0), ("address_bits", 63), ("num_pointer_units", 0), ("num_mode2_heads", -1),
      ("pointer_hidden_size", 0), ("controller_hidden_size", "8"), ("mlp_hidden_size", 0), ("shift_range", 0),
-     ("address_distractors", -1), ("panm_dropout", 1.0)],
+     ("address_distractors", -1), ("panm_dropout", 1.0),
+     ("panm_drop_path", 1.0), ("panm_drop_path", -0.1), ("panm_drop_path", True)],
 )  # fmt: skip
 def test_a_bad_number_raises_naming_the_field(name, bad):
     for config_class in (PanmMemoryConfig, PanmConfig):
@@ -131,9 +132,9 @@ def test_an_old_flat_config_json_loads_unchanged(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(OLD_CONFIG_JSON))
     config = AutoConfig.from_pretrained(tmp_path)
     assert isinstance(config, PanmConfig) and config.text_config.model_type == "bert"
-    # fields added after that file was written (recurrence_kernel) take their defaults
+    # fields added after that file was written (recurrence_kernel, panm_drop_path) take their defaults
     expected = {f.name: OLD_CONFIG_JSON.get(f.name, f.default) for f in MEMORY_FIELDS}
-    assert set(expected) - set(OLD_CONFIG_JSON) == {"recurrence_kernel"}
+    assert set(expected) - set(OLD_CONFIG_JSON) == {"recurrence_kernel", "panm_drop_path"}
     assert dataclasses.asdict(config.memory_config) == expected
     assert config.placement == "stack" and config.vocab_size == 99
 
