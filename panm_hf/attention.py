@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from .memory_config import PanmMemoryConfig
+from .recurrence_kernel import unavailable_reason
 
 
 def masked_softmax(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -36,6 +37,10 @@ def masked_softmax(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 class AttentionScorer(nn.Module):
     """Scores queries against keys with `config.scoring` (`cosine_inverse_temperature` for `"cosine"`).
 
+    Cosine normalisation runs as one fused kernel forward and one backward (`panm_hf::normalize_rows`,
+    C, CPU float32/float64) unless `recurrence_kernel="eager"`, which keeps `nn.functional.normalize` (the
+    reference: three ops forward and about ten backward per call).
+
     Args:
         config: the PANM hyperparameters.
         dim: size of the queries and keys.
@@ -46,6 +51,7 @@ class AttentionScorer(nn.Module):
         self.scoring = config.scoring
         self.dim = dim
         self.cosine_inverse_temperature_init = float(config.cosine_inverse_temperature)
+        self.recurrence_kernel = config.recurrence_kernel
         if self.scoring == "cosine":
             self.inverse_temperature = nn.Parameter(torch.tensor(self.cosine_inverse_temperature_init))
 
@@ -54,13 +60,27 @@ class AttentionScorer(nn.Module):
             with torch.no_grad():
                 self.inverse_temperature.fill_(self.cosine_inverse_temperature_init)
 
+    def fused(self, x: torch.Tensor) -> bool:
+        """Whether the C kernels (`normalize_rows`, `mode2_attention`) run on `x`: CPU float32/float64 unless
+        `recurrence_kernel="eager"` (on CUDA `normalize` is already a few fused kernels)."""
+        return (
+            self.recurrence_kernel != "eager"
+            and x.device.type == "cpu"
+            and (self.scoring != "cosine" or x.dtype == self.inverse_temperature.dtype)
+            and unavailable_reason(x.dtype, x.device) is None
+        )
+
     def prepare_keys(self, keys: torch.Tensor) -> torch.Tensor:
         """Normalise keys once so repeated scoring against them is one matmul."""
         if self.scoring == "cosine":
+            if self.fused(keys):
+                return torch.ops.panm_hf.normalize_rows(keys, None)[0]
             return nn.functional.normalize(keys, dim=-1)
         return keys / math.sqrt(self.dim)
 
     def prepare_queries(self, queries: torch.Tensor) -> torch.Tensor:
         if self.scoring == "cosine":
+            if self.fused(queries):
+                return torch.ops.panm_hf.normalize_rows(queries, self.inverse_temperature)[0]
             return nn.functional.normalize(queries, dim=-1) * self.inverse_temperature
         return queries

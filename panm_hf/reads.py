@@ -57,13 +57,17 @@ class Mode2Reader(nn.Module):
         Returns:
             `(values (batch, steps, heads, dim), weights (batch, steps, heads, slots))`.
         """
-        queries = self.query_mlp(rearrange(mode1_values, "b t u d -> b t (u d)"))  # (batch, steps, heads*dim)
-        queries = rearrange(queries, "b t (h d) -> b t h d", h=self.num_heads)  # (batch, steps, heads, dim)
+        batch, steps = mode1_values.shape[:2]
+        queries = self.query_mlp(rearrange(mode1_values, "b t u d -> (b t) (u d)"))  # (batch*steps, heads*dim)
+        queries = queries.reshape(batch, steps * self.num_heads, -1)  # (batch, steps*heads, dim)
+        heads, dim = self.num_heads, queries.shape[-1]
+        if attention_mask.dim() == 2 and self.scorer.fused(queries):  # scoring, softmax and read: one C kernel
+            scale = self.scorer.inverse_temperature if self.scorer.scoring == "cosine" else None
+            values, weights = torch.ops.panm_hf.mode2_attention(queries, memory_states, attention_mask, scale)[:2]
+            return values.reshape(batch, steps, heads, dim), weights.reshape(batch, steps, heads, -1)
         queries = self.scorer.prepare_queries(queries)
         keys = self.scorer.prepare_keys(memory_states)  # (batch, slots, dim)
-        batch, steps, heads, dim = queries.shape
         # one bmm each for all steps and heads (einsums add permutes and copies around them)
-        queries = queries.reshape(batch, steps * heads, dim)  # (batch, steps*heads, dim)
         scores = torch.bmm(queries, keys.transpose(1, 2)).reshape(batch, steps, heads, -1)  # (b, steps, heads, slots)
         mask = attention_mask[:, None, None, :] if attention_mask.dim() == 2 else attention_mask[:, :, None, :]
         weights = masked_softmax(scores, mask)  # (batch, steps, heads, slots)

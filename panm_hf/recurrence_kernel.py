@@ -112,6 +112,14 @@ def load_library(dtype_name: str) -> ctypes.CDLL | str:
     library.gru_forward.restype = None
     library.gru_backward.argtypes = [long] * 3 + [ptr] * 11
     library.gru_backward.restype = None
+    library.normalize_forward.argtypes = [long] * 2 + [ptr] * 4  # rows, dim
+    library.normalize_forward.restype = None
+    library.normalize_backward.argtypes = [long] * 2 + [ptr] * 6
+    library.normalize_backward.restype = None
+    library.attention_forward.argtypes = [long] * 4 + [ctypes.c_int] + [ptr] * 10  # batch, queries, slots, dim
+    library.attention_forward.restype = None
+    library.attention_backward.argtypes = [long] * 4 + [ctypes.c_int] + [ptr] * 14
+    library.attention_backward.restype = None
     return library
 
 
@@ -376,6 +384,145 @@ def _gru_backward(ctx, grad_states, grad_last, _):
     return d_input_gates, d_hidden, torch.mm(dgh.t(), h_rows), d_hidden_bias  # d W_hh: (3 hidden, hidden)
 
 
+def normalize_rows(x: Tensor, scale: Tensor | None) -> tuple[Tensor, Tensor]:
+    """`scale * torch.nn.functional.normalize(x, dim=-1)` (cosine scoring's queries and keys) in one kernel.
+
+    Args:
+        x: `(..., dim)`.  scale: `()` the inverse temperature, or None for 1.
+
+    Returns:
+        `(y (..., dim), norms (...))`, the norms `|x|` kept for the backward.
+    """
+    library = load_library(DTYPES[x.dtype])
+    x = x.contiguous()
+    dim = x.shape[-1]
+    rows = x.numel() // dim if dim else 0
+    scale = scale.contiguous() if scale is not None else None
+    y, norms = torch.empty_like(x), x.new_empty(x.shape[:-1])
+    if rows:
+        library.normalize_forward(rows, dim, _ptr(x), _ptr(scale), _ptr(y), _ptr(norms))
+    return y, norms
+
+
+def _normalize_rows_fake(x, scale):
+    return torch.empty_like(x, memory_format=torch.contiguous_format), x.new_empty(x.shape[:-1])
+
+
+def normalize_rows_backward(
+    grad: Tensor, x: Tensor, scale: Tensor | None, norms: Tensor
+) -> tuple[Tensor, Tensor]:
+    """Gradients of `normalize_rows` w.r.t. `x` and the scale (`()`, zero when there is no scale) in one kernel."""
+    library = load_library(DTYPES[x.dtype])
+    x, grad = x.contiguous(), grad.contiguous()
+    dim = x.shape[-1]
+    rows = x.numel() // dim if dim else 0
+    scale = scale.contiguous() if scale is not None else None
+    d_x, d_scale = torch.empty_like(x), x.new_zeros(())
+    if rows:
+        library.normalize_backward(rows, dim, _ptr(x), _ptr(scale), _ptr(norms), _ptr(grad), _ptr(d_x), _ptr(d_scale))
+    return d_x, d_scale
+
+
+def _normalize_rows_backward_fake(grad, x, scale, norms):
+    return torch.empty_like(x, memory_format=torch.contiguous_format), x.new_empty(())
+
+
+def _normalize_setup_context(ctx, inputs, output):
+    x, scale = inputs
+    ctx.has_scale = scale is not None
+    ctx.save_for_backward(x, scale, output[1])
+    ctx.set_materialize_grads(False)
+    ctx.mark_non_differentiable(output[1])
+
+
+def _normalize_backward(ctx, grad, _):
+    if grad is None:
+        return None, None
+    d_x, d_scale = torch.ops.panm_hf.normalize_rows_backward(grad, *ctx.saved_tensors)
+    return d_x, d_scale if ctx.has_scale else None
+
+
+def mode2_attention(
+    queries: Tensor, memory: Tensor, mask: Tensor, scale: Tensor | None
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """The Mode-2 read after the query MLP (scoring, masked softmax, weighted sum of `M`) in one kernel.
+
+    Args:
+        queries: `(batch, queries, dim)` raw queries (steps x heads).  memory: `(batch, slots, dim)` `M`, both keys
+        and values.  mask: `(batch, slots)` bool.  scale: `()` the inverse temperature of cosine scoring, or None
+        for dot scoring (keys divided by `sqrt(dim)`).
+
+    Returns:
+        `(values (batch, queries, dim), weights (batch, queries, slots))` and, for the backward, the unit queries,
+        their norms, the prepared keys and the slots' norms.
+    """
+    library = load_library(DTYPES[memory.dtype])
+    queries, memory = queries.contiguous(), memory.contiguous()
+    mask = mask.to(torch.bool).contiguous()
+    scale = scale.contiguous() if scale is not None else None
+    batch, num_queries, dim = queries.shape
+    slots = memory.shape[1]
+    new = functools.partial(torch.empty, dtype=memory.dtype, device=memory.device)
+    outputs = (new(batch, num_queries, dim), new(batch, num_queries, slots), new(batch, num_queries, dim),
+               new(batch, num_queries), new(batch, slots, dim), new(batch, slots))  # fmt: skip
+    library.attention_forward(
+        batch, num_queries, slots, dim, int(scale is not None), _ptr(scale), _ptr(queries), _ptr(memory), _ptr(mask),
+        *map(_ptr, outputs),
+    )  # fmt: skip
+    return outputs
+
+
+def _mode2_attention_fake(queries, memory, mask, scale):
+    (batch, num_queries, dim), slots = queries.shape, memory.shape[1]
+    new = memory.new_empty
+    return (new(batch, num_queries, dim), new(batch, num_queries, slots), new(batch, num_queries, dim),
+            new(batch, num_queries), new(batch, slots, dim), new(batch, slots))  # fmt: skip
+
+
+def mode2_attention_backward(
+    grad_values: Tensor | None, grad_weights: Tensor | None, queries: Tensor, memory: Tensor, mask: Tensor,
+    scale: Tensor | None, weights: Tensor, query_units: Tensor, query_norms: Tensor, keys: Tensor, key_norms: Tensor,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Gradients of `mode2_attention` w.r.t. the queries, `M` and the scale (`()`, zero for dot scoring)."""
+    library = load_library(DTYPES[memory.dtype])
+    queries, memory, mask = queries.contiguous(), memory.contiguous(), mask.to(torch.bool).contiguous()
+    grad_values = grad_values.contiguous() if grad_values is not None else torch.zeros_like(queries)
+    grad_weights = grad_weights.contiguous() if grad_weights is not None else None
+    scale = scale.contiguous() if scale is not None else None
+    batch, num_queries, dim = queries.shape
+    slots = memory.shape[1]
+    outputs = (torch.empty_like(queries), torch.empty_like(memory), memory.new_zeros(()))
+    library.attention_backward(
+        batch, num_queries, slots, dim, int(scale is not None), _ptr(scale), _ptr(queries), _ptr(memory), _ptr(mask),
+        *map(_ptr, (weights, query_units, query_norms, keys, key_norms, grad_values, grad_weights)),
+        *map(_ptr, outputs),
+    )  # fmt: skip
+    return outputs
+
+
+def _mode2_attention_backward_fake(grad_values, grad_weights, queries, memory, mask, scale, weights, query_units,
+                                   query_norms, keys, key_norms):  # fmt: skip
+    return torch.empty_like(queries), torch.empty_like(memory), memory.new_empty(())
+
+
+def _mode2_setup_context(ctx, inputs, output):
+    queries, memory, mask, scale = inputs
+    _, weights, *saved = output
+    ctx.has_scale = scale is not None
+    ctx.save_for_backward(queries, memory, mask, scale, weights, *saved)
+    ctx.set_materialize_grads(False)
+    ctx.mark_non_differentiable(*saved)
+
+
+def _mode2_backward(ctx, grad_values, grad_weights, *_):
+    if grad_values is None and grad_weights is None:
+        return None, None, None, None
+    d_queries, d_memory, d_scale = torch.ops.panm_hf.mode2_attention_backward(
+        grad_values, grad_weights, *ctx.saved_tensors
+    )
+    return d_queries, d_memory, None, d_scale if ctx.has_scale else None
+
+
 def _registered() -> bool:
     # A trust_remote_code copy of these modules may be imported beside panm_hf: register the ops once.
     try:
@@ -391,7 +538,15 @@ if not _registered():
         ("pointer_recurrence_backward", pointer_recurrence_backward, _pointer_recurrence_backward_fake),
         ("gru_recurrence", gru_recurrence, _gru_recurrence_fake),
         ("gru_recurrence_backward", gru_recurrence_backward, _gru_recurrence_backward_fake),
+        ("normalize_rows", normalize_rows, _normalize_rows_fake),
+        ("normalize_rows_backward", normalize_rows_backward, _normalize_rows_backward_fake),
+        ("mode2_attention", mode2_attention, _mode2_attention_fake),
+        ("mode2_attention_backward", mode2_attention_backward, _mode2_attention_backward_fake),
     ):
         torch.library.custom_op(f"panm_hf::{_name}", _impl, mutates_args=(), device_types="cpu").register_fake(_fake)
     torch.library.register_autograd("panm_hf::pointer_recurrence", _backward, setup_context=_setup_context)
     torch.library.register_autograd("panm_hf::gru_recurrence", _gru_backward, setup_context=_gru_setup_context)
+    torch.library.register_autograd(
+        "panm_hf::normalize_rows", _normalize_backward, setup_context=_normalize_setup_context
+    )
+    torch.library.register_autograd("panm_hf::mode2_attention", _mode2_backward, setup_context=_mode2_setup_context)

@@ -374,4 +374,151 @@ void gru_backward(long B, long T, long H, const real *h0, const real *w_hh, cons
     }
     free(dh); free(dgh);
 }
+/* Cosine normalisation of the attention queries and keys (attention.py, AttentionScorer), the same math as
+ * `scale * torch.nn.functional.normalize(x, dim=-1)` (eps 1e-12) in one pass forward and one backward:
+ *   y = s x / d,  d = max(|x|, EPS)
+ * Backward (clamp_min passes the gradient where |x| >= EPS, as torch's does):
+ *   g = s dy;  dx = (g - xh (xh . g)) / |x| if |x| >= EPS, else g / EPS;  ds = sum_rows dy . xh,  xh = x / d.
+ * x (R, D) contiguous; norms (R,) saved for the backward; scale NULL for s = 1. */
+void normalize_forward(long R, long D, const real *x, const real *scale, real *y, real *norms) {
+    const real s = scale ? *scale : (real)1;
+    for (long r = 0; r < R; r++) {
+        const real *xr = x + r * D;
+        real *yr = y + r * D;
+        const real n = SQRT(dot(xr, xr, D)), d = n > (real)EPS ? n : (real)EPS;
+        norms[r] = n;
+        for (long j = 0; j < D; j++) yr[j] = xr[j] / d * s;
+    }
+}
+
+void normalize_backward(long R, long D, const real *x, const real *scale, const real *norms, const real *dy,
+                        real *dx, real *d_scale) {
+    const real s = scale ? *scale : (real)1;
+    real ds = 0;
+    for (long r = 0; r < R; r++) {
+        const real *xr = x + r * D, *dyr = dy + r * D;
+        real *dxr = dx + r * D;
+        const real n = norms[r], d = n > (real)EPS ? n : (real)EPS;
+        real xg = 0, xdy = 0;
+        for (long j = 0; j < D; j++) {
+            const real xh = xr[j] / d;
+            xg += xh * dyr[j] * s;
+            xdy += xh * dyr[j];
+        }
+        ds += xdy;
+        if (n >= (real)EPS)
+            for (long j = 0; j < D; j++) dxr[j] = (dyr[j] * s - xr[j] / d * xg) / n;
+        else
+            for (long j = 0; j < D; j++) dxr[j] = dyr[j] * s / (real)EPS;
+    }
+    if (d_scale) *d_scale = ds;
+}
+/* The Mode-2 read (reads.py, Mode2Reader after its query MLP; paper Eqs. 5-6) in one kernel forward and one
+ * backward, per sample b and query row q (steps x heads) over the slots s of M (B, S, D):
+ *   cosine:  qn = tau q / max(|q|, EPS),  K[s] = M[s] / max(|M[s]|, EPS)
+ *   dot:     qn = q,                      K[s] = M[s] / sqrt(D)
+ *   P = softmax_s(qn . K[s], masked slots at the dtype's lowest value)   w = P mask   v = sum_s w[s] M[s]
+ * A row with no real slot gets w = 0 and v = 0 (masked_softmax's convention). Saved for the backward: the
+ * unit queries U = q / max(|q|, EPS) and |q| (B, Q, D), (B, Q), the keys K and |M[s]| (B, S, D), (B, S). */
+void attention_forward(long B, long Q, long S, long D, int cosine, const real *scale, const real *q,
+                       const real *mem, const unsigned char *mask, real *values, real *weights, real *q_unit,
+                       real *q_norms, real *k_unit, real *k_norms) {
+    const real tau = cosine ? *scale : (real)1, root = SQRT((real)D);
+    real *qn = malloc(sizeof(real) * (D ? D : 1)), *sc = malloc(sizeof(real) * (S ? S : 1));
+    for (long b = 0; b < B; b++) {
+        const real *M = mem + b * S * D;
+        const unsigned char *mk = mask + b * S;
+        real *K = k_unit + b * S * D;
+        for (long s = 0; s < S; s++) {
+            const real *m = M + s * D, n = SQRT(dot(m, m, D)), d = n > (real)EPS ? n : (real)EPS;
+            k_norms[b * S + s] = n;
+            for (long j = 0; j < D; j++) K[s * D + j] = cosine ? m[j] / d : m[j] / root;
+        }
+        for (long i = 0; i < Q; i++) {
+            const long row = b * Q + i;
+            const real *x = q + row * D;
+            real *u = q_unit + row * D, *w = weights + row * S, *v = values + row * D;
+            const real n = SQRT(dot(x, x, D)), d = n > (real)EPS ? n : (real)EPS;
+            q_norms[row] = n;
+            for (long j = 0; j < D; j++) {
+                u[j] = x[j] / d;
+                qn[j] = cosine ? u[j] * tau : x[j];
+            }
+            real top = 0, total = 0;
+            int any = 0;
+            for (long s = 0; s < S; s++) {
+                sc[s] = dot(qn, K + s * D, D);
+                if (mk[s] && (!any || sc[s] > top)) top = sc[s], any = 1;
+            }
+            for (long s = 0; s < S; s++) {
+                w[s] = (any && mk[s]) ? EXP(sc[s] - top) : (real)0;
+                total += w[s];
+            }
+            for (long s = 0; s < S; s++) w[s] = any ? w[s] / total : (real)0;
+            memset(v, 0, sizeof(real) * D);
+            for (long s = 0; s < S; s++)
+                if (w[s] != 0)
+                    for (long j = 0; j < D; j++) v[j] += w[s] * M[s * D + j];
+        }
+    }
+    free(qn); free(sc);
+}
+
+void attention_backward(long B, long Q, long S, long D, int cosine, const real *scale, const real *q,
+                        const real *mem, const unsigned char *mask, const real *weights, const real *q_unit,
+                        const real *q_norms, const real *k_unit, const real *k_norms, const real *d_values,
+                        const real *d_weights, real *d_q, real *d_mem, real *d_scale) {
+    const real tau = cosine ? *scale : (real)1, root = SQRT((real)D);
+    real *dk = malloc(sizeof(real) * (S * D ? S * D : 1)), *ds = malloc(sizeof(real) * (S ? S : 1));
+    real *dqn = malloc(sizeof(real) * (D ? D : 1));
+    real d_tau = 0;
+    for (long b = 0; b < B; b++) {
+        const real *M = mem + b * S * D, *K = k_unit + b * S * D;
+        const unsigned char *mk = mask + b * S;
+        real *dM = d_mem + b * S * D;
+        memset(dM, 0, sizeof(real) * S * D);
+        memset(dk, 0, sizeof(real) * S * D);
+        for (long i = 0; i < Q; i++) {
+            const long row = b * Q + i;
+            const real *w = weights + row * S, *dv = d_values + row * D, *u = q_unit + row * D, *x = q + row * D;
+            real sp = 0;
+            for (long s = 0; s < S; s++) {
+                ds[s] = mk[s] ? dot(dv, M + s * D, D) + (d_weights ? d_weights[row * S + s] : (real)0) : (real)0;
+                sp += w[s] * ds[s];
+            }
+            memset(dqn, 0, sizeof(real) * D);
+            for (long s = 0; s < S; s++) {
+                const real g = mk[s] ? w[s] * (ds[s] - sp) : (real)0;
+                for (long j = 0; j < D; j++) {
+                    dM[s * D + j] += w[s] * dv[j];
+                    dqn[j] += g * K[s * D + j];
+                    dk[s * D + j] += g * (cosine ? u[j] * tau : x[j]);
+                }
+            }
+            real *dx = d_q + row * D;
+            if (cosine) {
+                const real n = q_norms[row];
+                d_tau += dot(dqn, u, D);
+                real ug = 0;
+                for (long j = 0; j < D; j++) ug += u[j] * dqn[j] * tau;
+                for (long j = 0; j < D; j++)
+                    dx[j] = n >= (real)EPS ? (dqn[j] * tau - u[j] * ug) / n : dqn[j] * tau / (real)EPS;
+            } else {
+                memcpy(dx, dqn, sizeof(real) * D);
+            }
+        }
+        for (long s = 0; s < S; s++) {
+            const real *k = K + s * D, *g = dk + s * D, n = k_norms[b * S + s];
+            real *dm = dM + s * D;
+            if (cosine) {
+                const real kg = dot(k, g, D);
+                for (long j = 0; j < D; j++) dm[j] += n >= (real)EPS ? (g[j] - k[j] * kg) / n : g[j] / (real)EPS;
+            } else {
+                for (long j = 0; j < D; j++) dm[j] += g[j] / root;
+            }
+        }
+    }
+    if (d_scale) *d_scale = d_tau;
+    free(dk); free(ds); free(dqn);
+}
 """
