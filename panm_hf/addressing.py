@@ -8,7 +8,12 @@ eventually seen; at evaluation it is 0. Pure functions, batch-first, no loops.
 
 from __future__ import annotations
 
+import functools
+
 import torch
+
+# Up to this many bits `address_codes` reads codes from a table of all 2^b codes (2^16 x 16 values at most).
+TABLE_BITS = 16
 
 
 def binary_codes(addresses: torch.Tensor, bits: int) -> torch.Tensor:
@@ -23,6 +28,20 @@ def binary_codes(addresses: torch.Tensor, bits: int) -> torch.Tensor:
     """
     shifts = torch.arange(bits - 1, -1, -1, device=addresses.device)  # (bits,)
     return ((addresses.unsqueeze(-1) >> shifts) & 1).float()  # (..., bits)
+
+
+@functools.lru_cache(maxsize=16)
+def _code_table(bits: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    with torch.inference_mode(False), torch.no_grad():  # a normal tensor, even if first built under inference
+        return binary_codes(torch.arange(2**bits, device=device), bits).to(dtype)  # (2^bits, bits)
+
+
+def address_codes(addresses: torch.Tensor, bits: int, dtype: torch.dtype) -> torch.Tensor:
+    """`binary_codes(addresses, bits).to(dtype)` in one op: rows of a cached table of all `2^b` codes (for
+    `b <= TABLE_BITS`; computed bit by bit above). Addresses must lie in `[0, 2^b)`."""
+    if bits > TABLE_BITS:
+        return binary_codes(addresses, bits).to(dtype)
+    return _code_table(bits, addresses.device, dtype)[addresses]  # (..., bits)
 
 
 def sample_base_address(

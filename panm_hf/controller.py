@@ -52,6 +52,11 @@ class Controller(nn.Module):
 
     def initial_hidden(self, memory_states: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """`h^c_0` from the real slots only: `(batch, slots, dim)` -> `(batch, hidden)`."""
+        if self.recurrence_kernel != "eager" and memory_states.device.type == "cpu" and (
+            unavailable_reason(memory_states.dtype, memory_states.device) is None
+        ):  # the masked sum/mean in one C kernel, forward and backward
+            pooled = torch.ops.panm_hf.masked_pool(memory_states, attention_mask, self.init == "mean")
+            return self.initial_state(pooled)
         mask = attention_mask.unsqueeze(-1).to(memory_states.dtype)  # (batch, slots, 1)
         pooled = (memory_states * mask).sum(dim=1)  # (batch, dim)
         if self.init == "mean":
@@ -87,7 +92,13 @@ class Controller(nn.Module):
         Returns:
             `(outputs (batch, steps, output_size), last hidden (batch, hidden))`.
         """
-        inputs = reads if decoder_states is None else torch.cat([reads, decoder_states.to(reads.dtype)], dim=-1)
+        batch, steps = reads.shape[:2]
+        # every linear runs on 2-D rows: on 3-D inputs each adds two views forward and two backward
+        rows = reads.reshape(batch * steps, -1)  # (batch*steps, read_size)
+        inputs = rows
+        if decoder_states is not None:
+            decoder_rows = decoder_states.reshape(batch * steps, -1).to(reads.dtype)  # (batch*steps, decoder_input)
+            inputs = torch.cat([rows, decoder_rows], dim=-1)
         reason = self.fused_unavailable_reason(inputs, hidden) if self.recurrence_kernel != "eager" else None
         if self.recurrence_kernel == "fused" and reason is not None:
             raise ValueError(
@@ -96,12 +107,15 @@ class Controller(nn.Module):
             )
         if self.recurrence_kernel != "eager" and reason is None and not inputs.is_cuda:  # all steps in one kernel
             gru = self.gru
-            input_gates = nn.functional.linear(inputs, gru.weight_ih_l0, gru.bias_ih_l0)  # (batch, steps, 3*hidden)
+            input_gates = nn.functional.linear(inputs, gru.weight_ih_l0, gru.bias_ih_l0)  # (batch*steps, 3*hidden)
+            input_gates = input_gates.reshape(batch, steps, -1)  # (batch, steps, 3*hidden)
             states, last, _ = torch.ops.panm_hf.gru_recurrence(input_gates, hidden, gru.weight_hh_l0, gru.bias_hh_l0)
         else:
+            inputs = inputs.reshape(batch, steps, -1)  # (batch, steps, gru input)
             states, last = self.gru(inputs, hidden.unsqueeze(0).contiguous())  # (batch, steps, hidden), (1, b, hidden)
             last = last.squeeze(0)  # (batch, hidden)
-        outputs = self.output_mlp(torch.cat([reads, states.to(reads.dtype)], dim=-1))
+        state_rows = states.reshape(batch * steps, -1).to(reads.dtype)  # (batch*steps, hidden)
+        outputs = self.output_mlp(torch.cat([rows, state_rows], dim=-1)).reshape(batch, steps, -1)  # (b, steps, out)
         if step_mask is not None:  # the state after each row's last real step (or h_{t-1} if none)
             count = step_mask.long().sum(dim=1)  # (batch,)
             index = (count - 1).clamp(min=0).reshape(-1, 1, 1).expand(-1, 1, states.shape[-1])  # (batch, 1, hidden)

@@ -15,7 +15,7 @@ import torch
 from einops import rearrange
 from torch import nn
 
-from .addressing import binary_codes, sample_base_address, sample_distractor_addresses
+from .addressing import address_codes, sample_base_address, sample_distractor_addresses
 from .controller import Controller
 from .memory_config import PanmMemoryConfig
 from .pointer_unit import PointerUnits
@@ -49,10 +49,13 @@ def initial_pointer_offsets(lengths: torch.Tensor, num_pointer_units: int) -> to
     `p_E` (offset `length - 1`), further units at evenly spaced interior slots
     (for `H^a = 3` the middle). `(batch,)` -> `(batch, units)` long.
     """
+    # Unit k >= 2 sits at fraction (k - 1) / (H^a - 1) of the way; round(last * n / d) half up, in integers
+    # (exact, where float fractions such as 1/3 are not): floor((2 n last + d) / (2 d)).
+    denominator = max(num_pointer_units - 1, 1)
+    numerators = [0, denominator] + list(range(1, num_pointer_units - 1))
+    numerators = torch.tensor([2 * n for n in numerators[:num_pointer_units]], device=lengths.device)  # (units,)
     last = (lengths - 1).clamp(min=0).unsqueeze(-1)  # (batch, 1)
-    fractions = [0.0, 1.0] + [k / (num_pointer_units - 1) for k in range(1, num_pointer_units - 1)]
-    fractions = torch.tensor(fractions[:num_pointer_units], device=lengths.device, dtype=torch.float64)
-    return torch.floor(last * fractions + 0.5).long()  # (batch, units), rounded half up
+    return torch.div(last * numerators + denominator, 2 * denominator, rounding_mode="floor")  # (batch, units)
 
 
 class PanmMemory(nn.Module):
@@ -158,7 +161,7 @@ class PanmMemory(nn.Module):
                     f"got {base_address.dtype} {tuple(base_address.shape)}."
                 )
             base_address = base_address.long() % self.max_slots
-        positions = (mask.long().cumsum(dim=-1) - 1).clamp(min=0)  # (batch, slots) rank among real slots
+        positions = (mask.cumsum(dim=-1) - 1).clamp(min=0)  # (batch, slots) long: rank among real slots
         addresses = (base_address.unsqueeze(-1) + positions) % self.max_slots  # (batch, slots)
         lengths = mask.sum(dim=-1)
         address_mask = None
@@ -170,7 +173,7 @@ class PanmMemory(nn.Module):
                 addresses = torch.cat([addresses, distractors], dim=-1)  # (batch, slots + distractors)
                 address_mask = torch.cat([mask, torch.ones_like(distractors, dtype=torch.bool)], dim=-1)
         param_dtype = self.controller.initial_state.weight.dtype
-        address_bank = binary_codes(addresses, self.address_bits).to(param_dtype)  # (batch, bank, bits)
+        address_bank = address_codes(addresses, self.address_bits, param_dtype)  # (batch, bank, bits)
         return AddressedMemory(
             memory_states=memory_states,
             attention_mask=mask,
@@ -191,7 +194,7 @@ class PanmMemory(nn.Module):
         lengths = memory.lengths.clamp(max=1) if causal else memory.lengths
         offsets = initial_pointer_offsets(lengths, self.num_pointer_units)  # (batch, units)
         addresses = (memory.base_address.unsqueeze(-1) + offsets) % self.max_slots  # (batch, units)
-        pointers = binary_codes(addresses, self.address_bits).to(memory.address_bank.dtype)  # (batch, units, bits)
+        pointers = address_codes(addresses, self.address_bits, memory.address_bank.dtype)  # (batch, units, bits)
         pointer_hidden = memory.address_keys.new_zeros(
             memory.address_keys.shape[0], self.num_pointer_units, self.pointer_units.hidden_size
         )
@@ -278,7 +281,8 @@ class PanmMemory(nn.Module):
         )  # (batch, steps, units, bank)
         last_weights = address_weights[:, -1]  # (batch, units, bank)
         # Distractor addresses (training only) follow the slots in the bank and bind no memory.
-        address_weights = address_weights[..., : memory.memory_states.shape[1]]  # (batch, steps, units, slots)
+        if address_weights.shape[-1] > memory.memory_states.shape[1]:
+            address_weights = address_weights[..., : memory.memory_states.shape[1]]  # (batch, steps, units, slots)
         mode1_values = mode1_read(address_weights.to(memory.memory_states.dtype), memory.memory_states)
         reads = [mode1_values]  # each (batch, steps, heads, dim)
         mode2_weights = None
@@ -381,7 +385,7 @@ class PanmMemory(nn.Module):
             return old.scatter(slot_dim, index, new.to(old.dtype))
 
         addresses = (memory.base_address.unsqueeze(-1) + positions) % self.max_slots  # (batch, new)
-        address_bank = binary_codes(addresses, self.address_bits).to(memory.address_bank.dtype)  # (batch, new, bits)
+        address_bank = address_codes(addresses, self.address_bits, memory.address_bank.dtype)  # (batch, new, bits)
         address_keys = self.pointer_units.address_keys(address_bank)  # (batch, units, new, hidden)
         grown = AddressedMemory(
             memory_states=place(memory.memory_states, new_states, 1),

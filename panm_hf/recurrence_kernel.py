@@ -112,14 +112,18 @@ def load_library(dtype_name: str) -> ctypes.CDLL | str:
     library.gru_forward.restype = None
     library.gru_backward.argtypes = [long] * 3 + [ptr] * 11
     library.gru_backward.restype = None
-    library.normalize_forward.argtypes = [long] * 2 + [ptr] * 4  # rows, dim
+    library.normalize_forward.argtypes = [long] * 4 + [ctypes.c_int] + [ptr] * 4  # A, Bt, S, dim, swap
     library.normalize_forward.restype = None
-    library.normalize_backward.argtypes = [long] * 2 + [ptr] * 6
+    library.normalize_backward.argtypes = [long] * 4 + [ctypes.c_int] + [ptr] * 6
     library.normalize_backward.restype = None
     library.attention_forward.argtypes = [long] * 4 + [ctypes.c_int] + [ptr] * 10  # batch, queries, slots, dim
     library.attention_forward.restype = None
     library.attention_backward.argtypes = [long] * 4 + [ctypes.c_int] + [ptr] * 14
     library.attention_backward.restype = None
+    library.pool_forward.argtypes = [long] * 3 + [ctypes.c_int] + [ptr] * 3  # batch, slots, dim, mean
+    library.pool_forward.restype = None
+    library.pool_backward.argtypes = [long] * 3 + [ctypes.c_int] + [ptr] * 3
+    library.pool_backward.restype = None
     return library
 
 
@@ -384,52 +388,68 @@ def _gru_backward(ctx, grad_states, grad_last, _):
     return d_input_gates, d_hidden, torch.mm(dgh.t(), h_rows), d_hidden_bias  # d W_hh: (3 hidden, hidden)
 
 
-def normalize_rows(x: Tensor, scale: Tensor | None) -> tuple[Tensor, Tensor]:
+def _normalize_layout(x: Tensor, batch: int) -> tuple[tuple[int, int, int, int], bool]:
+    # (A, Bt, S, dim) rows of x and whether rows move from (a, b, s) to (b, a, s)
+    dim = x.shape[-1]
+    if batch:
+        units, rows = x.shape[0], x.shape[1]
+        return (units, batch, rows // batch if batch else 0, dim), True
+    return (1, 1, x.numel() // dim if dim else 0, dim), False
+
+
+def normalize_rows(x: Tensor, scale: Tensor | None, batch: int = 0) -> tuple[Tensor, Tensor]:
     """`scale * torch.nn.functional.normalize(x, dim=-1)` (cosine scoring's queries and keys) in one kernel.
 
     Args:
-        x: `(..., dim)`.  scale: `()` the inverse temperature, or None for 1.
+        x: `(..., dim)`; with `batch > 0`, unit-major address keys `(units, batch*slots, dim)`.
+        scale: `()` the inverse temperature, or None for 1.
+        batch: 0, or the batch size: then the output is batch-major, `(batch, units, slots, dim)` (the
+            normalised `x.unflatten(1, (batch, slots)).transpose(0, 1)`, written in place of those two views).
 
     Returns:
-        `(y (..., dim), norms (...))`, the norms `|x|` kept for the backward.
+        `(y, norms)`, the norms `|x|` (x's rows, x's order) kept for the backward.
     """
     library = load_library(DTYPES[x.dtype])
     x = x.contiguous()
-    dim = x.shape[-1]
-    rows = x.numel() // dim if dim else 0
+    (units, rows_b, slots, dim), swap = _normalize_layout(x, batch)
     scale = scale.contiguous() if scale is not None else None
-    y, norms = torch.empty_like(x), x.new_empty(x.shape[:-1])
-    if rows:
-        library.normalize_forward(rows, dim, _ptr(x), _ptr(scale), _ptr(y), _ptr(norms))
+    shape = (batch, units, slots, dim) if swap else x.shape
+    y, norms = x.new_empty(shape), x.new_empty(x.shape[:-1])
+    if units * rows_b * slots * dim:
+        library.normalize_forward(units, rows_b, slots, dim, int(swap), _ptr(x), _ptr(scale), _ptr(y), _ptr(norms))
     return y, norms
 
 
-def _normalize_rows_fake(x, scale):
-    return torch.empty_like(x, memory_format=torch.contiguous_format), x.new_empty(x.shape[:-1])
+def _normalize_rows_fake(x, scale, batch=0):
+    if batch:
+        return x.new_empty(batch, x.shape[0], x.shape[1] // batch, x.shape[2]), x.new_empty(x.shape[:-1])
+    return x.new_empty(x.shape), x.new_empty(x.shape[:-1])
 
 
 def normalize_rows_backward(
-    grad: Tensor, x: Tensor, scale: Tensor | None, norms: Tensor
+    grad: Tensor, x: Tensor, scale: Tensor | None, norms: Tensor, batch: int
 ) -> tuple[Tensor, Tensor]:
-    """Gradients of `normalize_rows` w.r.t. `x` and the scale (`()`, zero when there is no scale) in one kernel."""
+    """Gradients of `normalize_rows` w.r.t. `x` (in x's layout) and the scale (`()`, zero without one)."""
     library = load_library(DTYPES[x.dtype])
     x, grad = x.contiguous(), grad.contiguous()
-    dim = x.shape[-1]
-    rows = x.numel() // dim if dim else 0
+    (units, rows_b, slots, dim), swap = _normalize_layout(x, batch)
     scale = scale.contiguous() if scale is not None else None
     d_x, d_scale = torch.empty_like(x), x.new_zeros(())
-    if rows:
-        library.normalize_backward(rows, dim, _ptr(x), _ptr(scale), _ptr(norms), _ptr(grad), _ptr(d_x), _ptr(d_scale))
+    if units * rows_b * slots * dim:
+        library.normalize_backward(
+            units, rows_b, slots, dim, int(swap), _ptr(x), _ptr(scale), _ptr(norms), _ptr(grad), _ptr(d_x),
+            _ptr(d_scale),
+        )  # fmt: skip
     return d_x, d_scale
 
 
-def _normalize_rows_backward_fake(grad, x, scale, norms):
+def _normalize_rows_backward_fake(grad, x, scale, norms, batch):
     return torch.empty_like(x, memory_format=torch.contiguous_format), x.new_empty(())
 
 
 def _normalize_setup_context(ctx, inputs, output):
-    x, scale = inputs
-    ctx.has_scale = scale is not None
+    x, scale, batch = inputs
+    ctx.has_scale, ctx.batch = scale is not None, batch
     ctx.save_for_backward(x, scale, output[1])
     ctx.set_materialize_grads(False)
     ctx.mark_non_differentiable(output[1])
@@ -437,9 +457,9 @@ def _normalize_setup_context(ctx, inputs, output):
 
 def _normalize_backward(ctx, grad, _):
     if grad is None:
-        return None, None
-    d_x, d_scale = torch.ops.panm_hf.normalize_rows_backward(grad, *ctx.saved_tensors)
-    return d_x, d_scale if ctx.has_scale else None
+        return None, None, None
+    d_x, d_scale = torch.ops.panm_hf.normalize_rows_backward(grad, *ctx.saved_tensors, ctx.batch)
+    return d_x, d_scale if ctx.has_scale else None, None
 
 
 def mode2_attention(
@@ -523,6 +543,52 @@ def _mode2_backward(ctx, grad_values, grad_weights, *_):
     return d_queries, d_memory, None, d_scale if ctx.has_scale else None
 
 
+def masked_pool(memory: Tensor, mask: Tensor, mean: bool) -> Tensor:
+    """`(memory * mask[..., None]).sum(1)`, divided by `mask.sum(1).clamp(min=1)` if `mean`, in one kernel.
+
+    Args:
+        memory: `(batch, slots, dim)`.  mask: `(batch, slots)` bool.  mean: mean (else sum) of the real slots.
+
+    Returns:
+        `(batch, dim)`.
+    """
+    library = load_library(DTYPES[memory.dtype])
+    memory, mask = memory.contiguous(), mask.to(torch.bool).contiguous()
+    batch, slots, dim = memory.shape
+    out = memory.new_empty(batch, dim)
+    library.pool_forward(batch, slots, dim, int(mean), _ptr(memory), _ptr(mask), _ptr(out))
+    return out
+
+
+def _masked_pool_fake(memory, mask, mean):
+    return memory.new_empty(memory.shape[0], memory.shape[2])
+
+
+def masked_pool_backward(grad: Tensor, mask: Tensor, mean: bool) -> Tensor:
+    """Gradient of `masked_pool` w.r.t. `memory`: `(batch, dim)` -> `(batch, slots, dim)`."""
+    library = load_library(DTYPES[grad.dtype])
+    grad, mask = grad.contiguous(), mask.to(torch.bool).contiguous()
+    (batch, dim), slots = grad.shape, mask.shape[1]
+    d_memory = grad.new_empty(batch, slots, dim)
+    library.pool_backward(batch, slots, dim, int(mean), _ptr(mask), _ptr(grad), _ptr(d_memory))
+    return d_memory
+
+
+def _masked_pool_backward_fake(grad, mask, mean):
+    return grad.new_empty(grad.shape[0], mask.shape[1], grad.shape[1])
+
+
+def _pool_setup_context(ctx, inputs, output):
+    _, mask, mean = inputs
+    ctx.mean = mean
+    ctx.save_for_backward(mask)
+
+
+def _pool_backward(ctx, grad):
+    (mask,) = ctx.saved_tensors
+    return torch.ops.panm_hf.masked_pool_backward(grad, mask, ctx.mean), None, None
+
+
 def _registered() -> bool:
     # A trust_remote_code copy of these modules may be imported beside panm_hf: register the ops once.
     try:
@@ -542,6 +608,8 @@ if not _registered():
         ("normalize_rows_backward", normalize_rows_backward, _normalize_rows_backward_fake),
         ("mode2_attention", mode2_attention, _mode2_attention_fake),
         ("mode2_attention_backward", mode2_attention_backward, _mode2_attention_backward_fake),
+        ("masked_pool", masked_pool, _masked_pool_fake),
+        ("masked_pool_backward", masked_pool_backward, _masked_pool_backward_fake),
     ):
         torch.library.custom_op(f"panm_hf::{_name}", _impl, mutates_args=(), device_types="cpu").register_fake(_fake)
     torch.library.register_autograd("panm_hf::pointer_recurrence", _backward, setup_context=_setup_context)
@@ -550,3 +618,4 @@ if not _registered():
         "panm_hf::normalize_rows", _normalize_backward, setup_context=_normalize_setup_context
     )
     torch.library.register_autograd("panm_hf::mode2_attention", _mode2_backward, setup_context=_mode2_setup_context)
+    torch.library.register_autograd("panm_hf::masked_pool", _pool_backward, setup_context=_pool_setup_context)

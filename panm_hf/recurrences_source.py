@@ -379,24 +379,32 @@ void gru_backward(long B, long T, long H, const real *h0, const real *w_hh, cons
  *   y = s x / d,  d = max(|x|, EPS)
  * Backward (clamp_min passes the gradient where |x| >= EPS, as torch's does):
  *   g = s dy;  dx = (g - xh (xh . g)) / |x| if |x| >= EPS, else g / EPS;  ds = sum_rows dy . xh,  xh = x / d.
- * x (R, D) contiguous; norms (R,) saved for the backward; scale NULL for s = 1. */
-void normalize_forward(long R, long D, const real *x, const real *scale, real *y, real *norms) {
+ * x holds A x Bt x S rows of D (contiguous); with swap, row (a, b, s) of x is row (b, a, s) of y (the Pointer
+ * Units' address keys go from unit-major to batch-major on the way); norms (A, Bt, S) are saved for the
+ * backward, in x's order; scale NULL for s = 1. */
+static long swapped(long row, long A, long Bt, long S) {
+    const long a = row / (Bt * S), b = (row / S) % Bt, s = row % S;
+    return (b * A + a) * S + s;
+}
+
+void normalize_forward(long A, long Bt, long S, long D, int swap, const real *x, const real *scale, real *y,
+                       real *norms) {
     const real s = scale ? *scale : (real)1;
-    for (long r = 0; r < R; r++) {
+    for (long r = 0; r < A * Bt * S; r++) {
         const real *xr = x + r * D;
-        real *yr = y + r * D;
+        real *yr = y + (swap ? swapped(r, A, Bt, S) : r) * D;
         const real n = SQRT(dot(xr, xr, D)), d = n > (real)EPS ? n : (real)EPS;
         norms[r] = n;
         for (long j = 0; j < D; j++) yr[j] = xr[j] / d * s;
     }
 }
 
-void normalize_backward(long R, long D, const real *x, const real *scale, const real *norms, const real *dy,
-                        real *dx, real *d_scale) {
+void normalize_backward(long A, long Bt, long S, long D, int swap, const real *x, const real *scale,
+                        const real *norms, const real *dy, real *dx, real *d_scale) {
     const real s = scale ? *scale : (real)1;
     real ds = 0;
-    for (long r = 0; r < R; r++) {
-        const real *xr = x + r * D, *dyr = dy + r * D;
+    for (long r = 0; r < A * Bt * S; r++) {
+        const real *xr = x + r * D, *dyr = dy + (swap ? swapped(r, A, Bt, S) : r) * D;
         real *dxr = dx + r * D;
         const real n = norms[r], d = n > (real)EPS ? n : (real)EPS;
         real xg = 0, xdy = 0;
@@ -413,6 +421,7 @@ void normalize_backward(long R, long D, const real *x, const real *scale, const 
     }
     if (d_scale) *d_scale = ds;
 }
+
 /* The Mode-2 read (reads.py, Mode2Reader after its query MLP; paper Eqs. 5-6) in one kernel forward and one
  * backward, per sample b and query row q (steps x heads) over the slots s of M (B, S, D):
  *   cosine:  qn = tau q / max(|q|, EPS),  K[s] = M[s] / max(|M[s]|, EPS)
@@ -520,5 +529,34 @@ void attention_backward(long B, long Q, long S, long D, int cosine, const real *
     }
     if (d_scale) *d_scale = d_tau;
     free(dk); free(ds); free(dqn);
+}
+/* h^c_0's pooling (controller.py, Controller.initial_hidden): out[b] = sum_s m[b, s] M[b, s] / c[b] with
+ * c = max(sum_s m[b, s], 1) for the mean (c = 1 for the paper's sum); m is the 0/1 slot mask. Backward:
+ * dM[b, s] = m[b, s] dout[b] / c[b]. */
+void pool_forward(long B, long S, long D, int mean, const real *mem, const unsigned char *mask, real *out) {
+    for (long b = 0; b < B; b++) {
+        real *o = out + b * D, count = 0;
+        memset(o, 0, sizeof(real) * D);
+        for (long s = 0; s < S; s++) {
+            const real m = mask[b * S + s] ? (real)1 : (real)0, *x = mem + (b * S + s) * D;
+            count += m;
+            for (long j = 0; j < D; j++) o[j] += x[j] * m;
+        }
+        if (mean)
+            for (long j = 0; j < D; j++) o[j] /= count > (real)1 ? count : (real)1;
+    }
+}
+
+void pool_backward(long B, long S, long D, int mean, const unsigned char *mask, const real *d_out, real *d_mem) {
+    for (long b = 0; b < B; b++) {
+        real count = 0;
+        for (long s = 0; s < S; s++) count += mask[b * S + s] ? (real)1 : (real)0;
+        const real c = mean && count > (real)1 ? count : (real)1;
+        for (long s = 0; s < S; s++) {
+            const real m = mask[b * S + s] ? (real)1 : (real)0;
+            real *dx = d_mem + (b * S + s) * D;
+            for (long j = 0; j < D; j++) dx[j] = d_out[b * D + j] / c * m;
+        }
+    }
 }
 """

@@ -80,16 +80,21 @@ class SlotEncoder(nn.Module):
             bidirectional=bidirectional,
         )
 
-    def forward(self, inputs: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, inputs: torch.Tensor, attention_mask: torch.Tensor, *, with_summary: bool = True
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Return `(states (batch, slots, hidden), summary (batch, hidden))`, padding zeroed.
 
         The summary is the state at each sample's last real slot (forward direction)
-        concatenated with the backward state at slot 0, so right padding never leaks in.
+        concatenated with the backward state at slot 0, so right padding never leaks in;
+        None with `with_summary=False` (PANM reads the states only: no glue ops for it).
         """
         lengths = attention_mask.sum(dim=-1).clamp(min=1).cpu()
         packed = nn.utils.rnn.pack_padded_sequence(self.embed(inputs), lengths, batch_first=True, enforce_sorted=False)
         states, (final, _) = self.lstm(packed)
         states, _ = nn.utils.rnn.pad_packed_sequence(states, batch_first=True, total_length=inputs.shape[1])
+        if not with_summary:
+            return states, None
         summary = rearrange(final, "dirs b h -> b (dirs h)")  # (batch, hidden)
         return states, summary
 
@@ -140,7 +145,7 @@ class PanmSeq2Seq(nn.Module):
     ) -> AlgorithmicModelOutput:
         """Decode `num_steps` token logits; `generator` seeds the training-time base address."""
         _check_inputs(inputs, attention_mask, num_steps)
-        states, _ = self.encoder(inputs, attention_mask)
+        states, _ = self.encoder(inputs, attention_mask, with_summary=False)
         memory = self.memory.bind(states, attention_mask, generator=generator)
         out = self.memory(memory, num_steps=num_steps, output_attentions=output_attentions)
         return AlgorithmicModelOutput(logits=out.hidden_states, address_attentions=out.address_attentions)
