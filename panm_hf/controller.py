@@ -83,7 +83,8 @@ class Controller(nn.Module):
         """Run the Controller over all steps.
 
         Args:
-            reads: `(batch, steps, read_size)` concatenated Mode-1 and Mode-2 values.
+            reads: `(batch, steps, read_size)` concatenated Mode-1 and Mode-2 values, or their rows
+                `(batch*steps, read_size)` (as `PanmMemory` passes them: no reshape either way).
             decoder_states: `(batch, steps, decoder_input_size)` `z_t`, or None.
             hidden: `(batch, hidden)` previous state `h^c_{t-1}`.
             step_mask: `(batch, steps)` bool whose True steps form a prefix of each row (causal decoding
@@ -92,9 +93,10 @@ class Controller(nn.Module):
         Returns:
             `(outputs (batch, steps, output_size), last hidden (batch, hidden))`.
         """
-        batch, steps = reads.shape[:2]
+        batch = hidden.shape[0]
+        steps = reads.shape[1] if reads.dim() == 3 else reads.shape[0] // max(batch, 1)
         # every linear runs on 2-D rows: on 3-D inputs each adds two views forward and two backward
-        rows = reads.reshape(batch * steps, -1)  # (batch*steps, read_size)
+        rows = reads if reads.dim() == 2 else reads.reshape(batch * steps, -1)  # (batch*steps, read_size)
         inputs = rows
         if decoder_states is not None:
             decoder_rows = decoder_states.reshape(batch * steps, -1).to(reads.dtype)  # (batch*steps, decoder_input)

@@ -9,10 +9,10 @@ Imports only torch and einops.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 
 import torch
-from einops import rearrange
 from torch import nn
 
 from .addressing import address_codes, sample_base_address, sample_distractor_addresses
@@ -42,6 +42,14 @@ class PanmMemoryOutput:
     mode2_attentions: torch.Tensor | None = None
 
 
+@functools.lru_cache(maxsize=16)
+def _offset_numerators(num_pointer_units: int, device: torch.device) -> torch.Tensor:
+    denominator = max(num_pointer_units - 1, 1)
+    numerators = ([0, denominator] + list(range(1, num_pointer_units - 1)))[:num_pointer_units]
+    with torch.inference_mode(False):  # a normal tensor, even if first built under inference
+        return torch.tensor([2 * n for n in numerators], device=device)  # (units,)
+
+
 def initial_pointer_offsets(lengths: torch.Tensor, num_pointer_units: int) -> torch.Tensor:
     """Slot offsets where the Mode-1 pointers start (appendix, 'Model and Architecture').
 
@@ -52,8 +60,7 @@ def initial_pointer_offsets(lengths: torch.Tensor, num_pointer_units: int) -> to
     # Unit k >= 2 sits at fraction (k - 1) / (H^a - 1) of the way; round(last * n / d) half up, in integers
     # (exact, where float fractions such as 1/3 are not): floor((2 n last + d) / (2 d)).
     denominator = max(num_pointer_units - 1, 1)
-    numerators = [0, denominator] + list(range(1, num_pointer_units - 1))
-    numerators = torch.tensor([2 * n for n in numerators[:num_pointer_units]], device=lengths.device)  # (units,)
+    numerators = _offset_numerators(num_pointer_units, lengths.device)  # (units,) 2 n
     last = (lengths - 1).clamp(min=0).unsqueeze(-1)  # (batch, 1)
     return torch.div(last * numerators + denominator, 2 * denominator, rounding_mode="floor")  # (batch, units)
 
@@ -284,17 +291,17 @@ class PanmMemory(nn.Module):
         if address_weights.shape[-1] > memory.memory_states.shape[1]:
             address_weights = address_weights[..., : memory.memory_states.shape[1]]  # (batch, steps, units, slots)
         mode1_values = mode1_read(address_weights.to(memory.memory_states.dtype), memory.memory_states)
-        reads = [mode1_values]  # each (batch, steps, heads, dim)
+        reads = [mode1_values]  # each (batch*steps, heads*dim): one row per (sample, step)
         mode2_weights = None
         if self.mode2_reader is not None:
             mode2_values, mode2_weights = self.mode2_reader(
                 mode1_values, memory.memory_states, slot_mask
-            )
+            )  # (batch*steps, heads*dim), (batch, steps*heads, slots)
             reads.append(mode2_values)
         if self.content_reader is not None:
             content_values, _ = self.content_reader(decoder_states, memory.memory_states, slot_mask)
-            reads.append(content_values)
-        reads = rearrange(torch.cat(reads, dim=2), "b t h d -> b t (h d)")  # (batch, steps, num_reads*dim)
+            reads.append(content_values.reshape(mode1_values.shape[0], -1))  # (batch*steps, dim)
+        reads = torch.cat(reads, dim=-1)  # (batch*steps, num_reads*dim)
         hidden_states, controller_hidden = self.controller(
             self.dropout(reads), decoder_states, state.controller_hidden, step_mask=step_mask
         )
@@ -312,7 +319,11 @@ class PanmMemory(nn.Module):
             ),
             memory=memory,
             address_attentions=address_weights if output_attentions else None,
-            mode2_attentions=mode2_weights if output_attentions else None,
+            mode2_attentions=(
+                mode2_weights.reshape(batch_size, num_steps, self.num_mode2_heads, -1)  # (batch, steps, heads, slots)
+                if output_attentions and mode2_weights is not None
+                else None
+            ),
         )
 
     def _causal_masks(

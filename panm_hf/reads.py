@@ -9,7 +9,6 @@ Both run over every decoding step at once.
 from __future__ import annotations
 
 import torch
-from einops import rearrange
 from torch import nn
 
 from .attention import AttentionScorer, masked_softmax
@@ -17,12 +16,13 @@ from .memory_config import PanmMemoryConfig
 
 
 def mode1_read(address_weights: torch.Tensor, memory_states: torch.Tensor) -> torch.Tensor:
-    """Dereference pointers: `(batch, steps, units, slots)` x `(batch, slots, dim)` -> `(batch, steps, units, dim)`.
+    """Dereference pointers: `(batch, steps, units, slots)` x `(batch, slots, dim)` -> rows `(batch*steps, units*dim)`.
 
-    One `bmm` over all steps and units (an einsum adds permutes and copies around it, forward and backward)."""
+    One `bmm` over all steps and units (an einsum adds permutes and copies around it, forward and backward);
+    the values come as one row per (sample, step), the layout the Mode-2 query MLP and the Controller read."""
     batch, steps, units, slots = address_weights.shape
     weights = address_weights.reshape(batch, steps * units, slots)  # (batch, steps*units, slots)
-    return torch.bmm(weights, memory_states).reshape(batch, steps, units, -1)  # (batch, steps, units, dim)
+    return torch.bmm(weights, memory_states).reshape(batch * steps, -1)  # (batch*steps, units*dim)
 
 
 class Mode2Reader(nn.Module):
@@ -50,29 +50,29 @@ class Mode2Reader(nn.Module):
         """Mode-2 reads for every step.
 
         Args:
-            mode1_values: `(batch, steps, units, dim)`.
+            mode1_values: `(batch*steps, units*dim)` the Mode-1 values, one row per (sample, step).
             memory_states: `(batch, slots, dim)`.
             attention_mask: `(batch, slots)` bool, or `(batch, steps, slots)` for a per-step (causal) mask.
 
         Returns:
-            `(values (batch, steps, heads, dim), weights (batch, steps, heads, slots))`.
+            `(values (batch*steps, heads*dim), weights (batch, steps*heads, slots))`: rows like the input, and
+            the attention of step `t`, head `h` at row `t*heads + h`.
         """
-        batch, steps = mode1_values.shape[:2]
-        queries = self.query_mlp(rearrange(mode1_values, "b t u d -> (b t) (u d)"))  # (batch*steps, heads*dim)
-        queries = queries.reshape(batch, steps * self.num_heads, -1)  # (batch, steps*heads, dim)
-        heads, dim = self.num_heads, queries.shape[-1]
+        batch, heads = memory_states.shape[0], self.num_heads
+        queries = self.query_mlp(mode1_values)  # (batch*steps, heads*dim)
+        queries = queries.reshape(batch, -1, memory_states.shape[-1])  # (batch, steps*heads, dim)
         if attention_mask.dim() == 2 and self.scorer.fused(queries):  # scoring, softmax and read: one C kernel
             scale = self.scorer.inverse_temperature if self.scorer.scoring == "cosine" else None
             values, weights = torch.ops.panm_hf.mode2_attention(queries, memory_states, attention_mask, scale)[:2]
-            return values.reshape(batch, steps, heads, dim), weights.reshape(batch, steps, heads, -1)
+            return values.reshape(mode1_values.shape[0], -1), weights  # (batch*steps, heads*dim), (b, t*h, slots)
         queries = self.scorer.prepare_queries(queries)
         keys = self.scorer.prepare_keys(memory_states)  # (batch, slots, dim)
         # one bmm each for all steps and heads (einsums add permutes and copies around them)
-        scores = torch.bmm(queries, keys.transpose(1, 2)).reshape(batch, steps, heads, -1)  # (b, steps, heads, slots)
-        mask = attention_mask[:, None, None, :] if attention_mask.dim() == 2 else attention_mask[:, :, None, :]
-        weights = masked_softmax(scores, mask)  # (batch, steps, heads, slots)
-        values = torch.bmm(weights.reshape(batch, steps * heads, -1), memory_states)  # (batch, steps*heads, dim)
-        return values.reshape(batch, steps, heads, dim), weights
+        scores = torch.bmm(queries, keys.transpose(1, 2))  # (batch, steps*heads, slots)
+        mask = attention_mask[:, None, :] if attention_mask.dim() == 2 else attention_mask.repeat_interleave(heads, 1)
+        weights = masked_softmax(scores, mask)  # (batch, steps*heads, slots)
+        values = torch.bmm(weights, memory_states)  # (batch, steps*heads, dim)
+        return values.reshape(mode1_values.shape[0], -1), weights  # (batch*steps, heads*dim)
 
 
 class DecoderContentReader(nn.Module):

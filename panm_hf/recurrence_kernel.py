@@ -249,8 +249,9 @@ def pointer_recurrence_backward(
     """The whole recurrence's backward in one kernel: gradients of `pointer_recurrence`'s inputs (mask aside),
     `(pointers, hidden, keys, bank, input_bias, hidden_bias, inverse_temperature)` (the last a zero `()` tensor
     under dot scoring), and the factors of the GRU weights' gradients, one GEMM each over all (sample, step)
-    rows, which BLAS does better than a hand loop: per unit `h_t (units, batch*steps, hidden)`,
-    `p_t (units, batch*steps, bits)` and the gate gradients `(units, batch*steps, 3 hidden)` of `W_h`, `W_i`.
+    rows, which BLAS does better than a hand loop: per unit `h_t (units, hidden, batch*steps)` and
+    `p_t (units, bits, batch*steps)` (written transposed: the GEMMs read them as they are) and the gate
+    gradients `(units, batch*steps, 3 hidden)` of `W_h`, `W_i`.
     Missing output gradients count as zeros."""
     library = load_library(DTYPES[keys.dtype])
     batch, units, slots, size = keys.shape
@@ -273,7 +274,7 @@ def pointer_recurrence_backward(
     outputs = (
         new(batch, units, bits), new(batch, units, size), new(batch, units, slots, size), new(batch, slots, bits),
         new(units, 3 * size), new(units, 3 * size), new(()),
-        new(units, rows, size), new(units, rows, bits), new(units, rows, 3 * size), new(units, rows, 3 * size),
+        new(units, size, rows), new(units, bits, rows), new(units, rows, 3 * size), new(units, rows, 3 * size),
     )  # fmt: skip
     cosine = inverse_temperature is not None
     tau = float(inverse_temperature) if cosine else 1.0
@@ -292,7 +293,7 @@ def _pointer_recurrence_backward_fake(
     bits, rows = bank.shape[-1], batch * probs.shape[2]
     new = keys.new_empty
     return (new(batch, units, bits), new(batch, units, size), new(batch, units, slots, size), new(bank.shape),
-            new(units, 3 * size), new(units, 3 * size), new(()), new(units, rows, size), new(units, rows, bits),
+            new(units, 3 * size), new(units, 3 * size), new(()), new(units, size, rows), new(units, bits, rows),
             new(units, rows, 3 * size), new(units, rows, 3 * size))  # fmt: skip
 
 
@@ -310,8 +311,8 @@ def _backward(ctx, grad_weights, grad_pointers, grad_hidden, *_):
         inverse_temperature, *states,
     )  # fmt: skip
     d_pointers, d_hidden, d_keys, d_bank, d_input_bias, d_hidden_bias, d_tau, h_rows, p_rows, dgh, dgi = grads
-    d_hidden_weight = torch.bmm(h_rows.transpose(1, 2), dgh)  # (units, hidden, 3 hidden)
-    d_input_weight = torch.bmm(p_rows.transpose(1, 2), dgi)  # (units, bits, 3 hidden)
+    d_hidden_weight = torch.bmm(h_rows, dgh)  # (units, hidden, 3 hidden)
+    d_input_weight = torch.bmm(p_rows, dgi)  # (units, bits, 3 hidden)
     d_tau = d_tau if inverse_temperature is not None else None
     # inputs: pointers, hidden, keys, bank, mask, input_weight, input_bias, hidden_weight, hidden_bias, tau, steps
     return (d_pointers, d_hidden, d_keys, d_bank, None, d_input_weight, d_input_bias, d_hidden_weight, d_hidden_bias,
@@ -349,7 +350,8 @@ def gru_recurrence_backward(
     gates: Tensor,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """Gradients of `gru_recurrence`'s inputs `input_gates`, `hidden`, `hidden_bias` in one kernel, and the factors
-    `(h_{t-1} (batch*steps, hidden), gate gradients (batch*steps, 3 hidden))` of `hidden_weight`'s (one GEMM)."""
+    `(h_{t-1} (batch*steps, hidden), gate gradients (3 hidden, batch*steps), transposed)` of `hidden_weight`'s
+    (one GEMM)."""
     library = load_library(DTYPES[hidden.dtype])
     batch, steps, size = states.shape
     zeros = functools.partial(torch.zeros, dtype=hidden.dtype, device=hidden.device)
@@ -358,7 +360,7 @@ def gru_recurrence_backward(
     hidden, hidden_weight = hidden.contiguous(), hidden_weight.contiguous()
     new = functools.partial(torch.empty, dtype=hidden.dtype, device=hidden.device)
     outputs = (new(batch, steps, 3 * size), new(batch, size), new(3 * size), new(batch * steps, size),
-               new(batch * steps, 3 * size))  # fmt: skip
+               new(3 * size, batch * steps))  # fmt: skip
     library.gru_backward(
         batch, steps, size, *map(_ptr, (hidden, hidden_weight, states, gates, grad_states, grad_last)),
         *map(_ptr, outputs),
@@ -370,7 +372,7 @@ def _gru_recurrence_backward_fake(grad_states, grad_last, hidden, hidden_weight,
     batch, steps, size = states.shape
     new = hidden.new_empty
     return (new(batch, steps, 3 * size), new(batch, size), new(3 * size), new(batch * steps, size),
-            new(batch * steps, 3 * size))  # fmt: skip
+            new(3 * size, batch * steps))  # fmt: skip
 
 
 def _gru_setup_context(ctx, inputs, output):
@@ -385,7 +387,7 @@ def _gru_backward(ctx, grad_states, grad_last, _):
     d_input_gates, d_hidden, d_hidden_bias, h_rows, dgh = torch.ops.panm_hf.gru_recurrence_backward(
         grad_states, grad_last, *ctx.saved_tensors
     )
-    return d_input_gates, d_hidden, torch.mm(dgh.t(), h_rows), d_hidden_bias  # d W_hh: (3 hidden, hidden)
+    return d_input_gates, d_hidden, torch.mm(dgh, h_rows), d_hidden_bias  # d W_hh: (3 hidden, hidden)
 
 
 def _normalize_layout(x: Tensor, batch: int) -> tuple[tuple[int, int, int, int], bool]:

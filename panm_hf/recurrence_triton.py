@@ -153,9 +153,9 @@ def _pointer_backward_kernel(
         tl.store(dgh_rows + out + offs_h, dar, mask=mh)
         tl.store(dgh_rows + out + H + offs_h, daz, mask=mh)
         tl.store(dgh_rows + out + 2 * H + offs_h, dan * r, mask=mh)
-        tl.store(h_rows + (u * B * T + b * T + t) * H + offs_h, h_prev, mask=mh)
+        tl.store(h_rows + (u * H + offs_h) * (B * T) + b * T + t, h_prev, mask=mh)  # (U, H, B T)
         p_prev = tl.load(ps_row + t * NB + offs_nb, mask=mnb, other=0.0)
-        tl.store(p_rows + (u * B * T + b * T + t) * NB + offs_nb, p_prev, mask=mnb)
+        tl.store(p_rows + (u * NB + offs_nb) * (B * T) + b * T + t, p_prev, mask=mnb)  # (U, NB, B T)
         wmask = mnb[:, None] & mh[None, :]
         block_i = wi + offs_nb[:, None] * G + offs_h[None, :]
         dp = (tl.sum(tl.load(block_i, mask=wmask, other=0.0) * dar[None, :], 1)
@@ -230,7 +230,7 @@ def pointer_backward_triton(grad_weights, grad_pointers, grad_hidden, keys, bank
     new, rows = keys.new_empty, batch * steps
     d_p0, d_h0, d_keys = new(batch, units, bits), new(batch, units, size), new(batch, units, slots, size)
     d_bank_rows, d_tau_rows = new(batch, units, slots, bits), new(batch * units)
-    factors = (new(units, rows, size), new(units, rows, bits), new(units, rows, 3 * size), new(units, rows, 3 * size))
+    factors = (new(units, size, rows), new(units, bits, rows), new(units, rows, 3 * size), new(units, rows, 3 * size))
     _pointer_backward_kernel[(batch * units,)](
         keys, keys.stride(0), keys.stride(1), bank.contiguous(), mask.to(torch.uint8).contiguous(),
         input_weight.contiguous(), hidden_weight.contiguous(), tau, hidden_states, pointer_states, gates, norms,

@@ -184,8 +184,9 @@ void pointer_forward(long U, long B, long T, long S, long NB, long H, int cosine
 /* Gradients of every input but the mask and the GRU weights; accumulators are zeroed here. g_weights
  * (B, T, U, S), g_p_final (B, U, NB), g_h_final (B, U, H); d_keys (B, U, S, H) contiguous; d_tau one value.
  * The weight gradients are one GEMM over all rows and steps, left to BLAS: this writes their factors,
- * per unit and row r = b T + t, h_rows (U, B T, H) = h_t, p_rows (U, B T, NB) = p_t and the gate
- * gradients dgh_rows, dgi_rows (U, B T, 3H), so that dW_h[u] = h_rows[u]^T dgh_rows[u], and likewise W_i. */
+ * per unit and row r = b T + t, h_rows (U, H, B T) = h_t and p_rows (U, NB, B T) = p_t (transposed: the GEMM
+ * reads them as they are) and the gate gradients dgh_rows, dgi_rows (U, B T, 3H), so that
+ * dW_h[u] = h_rows[u] dgh_rows[u], and likewise W_i. */
 void pointer_backward(long U, long B, long T, long S, long NB, long H, int cosine, double tau_d,
                       const real *keys, long ks_b, long ks_u, const real *bank, const unsigned char *mask,
                       const real *w_i, const real *w_h, const real *hs, const real *ps, const real *gates,
@@ -277,8 +278,8 @@ void pointer_backward(long U, long B, long T, long S, long NB, long H, int cosin
                     }
                     for (long j = 0; j < G; j++) { dBi[j] += gi[j]; dBh[j] += gh[j]; }
                     const long r = b * T + t;
-                    memcpy(h_rows + r * H, h, sizeof(real) * H);
-                    memcpy(p_rows + r * NB, ps + row * (T + 1) * NB + t * NB, sizeof(real) * NB);
+                    for (long j = 0; j < H; j++) h_rows[j * R + r] = h[j];
+                    for (long j = 0; j < NB; j++) p_rows[j * R + r] = ps[row * (T + 1) * NB + t * NB + j];
                     memcpy(dgh_rows + r * G, gh, sizeof(real) * G);
                     memcpy(dgi_rows + r * G, gi, sizeof(real) * G);
                 }
@@ -336,7 +337,7 @@ void gru_forward(long B, long T, long H, const real *gi, const real *h0, const r
 }
 
 /* g_states (B, T, H), g_last (B, H) -> d_gi (B, T, 3H), d_h0 (B, H), d_b_hh (3H), and the factors of
- * d_w_hh = dgh_rows^T h_rows (one GEMM, left to BLAS): h_rows (B T, H) = h_{t-1}, dgh_rows (B T, 3H). */
+ * d_w_hh = dgh_rows h_rows (one GEMM, left to BLAS): h_rows (B T, H) = h_{t-1}, dgh_rows (3H, B T). */
 void gru_backward(long B, long T, long H, const real *h0, const real *w_hh, const real *states, const real *gates,
                   const real *g_states, const real *g_last, real *d_gi, real *d_h0, real *d_b_hh, real *h_rows,
                   real *dgh_rows) {
@@ -366,7 +367,7 @@ void gru_backward(long B, long T, long H, const real *h0, const real *w_hh, cons
                 }
                 for (long j = 0; j < G; j++) d_b_hh[j] += dg[j];
                 memcpy(h_rows + (b * T + t) * H, h, sizeof(real) * H);
-                memcpy(dgh_rows + (b * T + t) * G, dg, sizeof(real) * G);
+                for (long j = 0; j < G; j++) dgh_rows[j * B * T + b * T + t] = dg[j];
             }
             tile_matmul(dgh, G, w_hh, H, dh, 1);  /* dh += dgh W_hh */
         }
