@@ -87,6 +87,9 @@ class PanmMemoryConfig:
             Pointer Units' Triton port, not yet validated on a GPU; the Controller keeps cuDNN's GRU);
             anything else raises a ValueError saying why. `"auto"`: fused on CPU where it applies, eager
             elsewhere (causal decoding's per-step masks, `"shift"`, CUDA, half precision, no compiler).
+            Outside the loops, `"auto"` and `"fused"` also run cosine normalisation, the Mode-2 read and
+            `h^c_0`'s pooling as C kernels on CPU (float32/float64; plain torch elsewhere); `"eager"` keeps
+            them all in plain torch ops.
     """
 
     address_bits: int = field(default=10, metadata={"help": "PANM b: inputs may have at most 2^b tokens."})

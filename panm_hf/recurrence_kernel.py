@@ -19,6 +19,11 @@ reference (`PanmMemoryConfig.recurrence_kernel`). On CUDA the Pointer-Unit ops d
 port of the same algorithm (`panm_hf.recurrence_triton`), registered on first use and only with
 `recurrence_kernel="fused"`: it has been checked against the C kernel under Triton's interpreter,
 never on a GPU.
+
+The same C source holds three smaller kernels used outside the loops, each one op forward and one
+backward: `panm_hf::normalize_rows` (cosine scoring's `scale * normalize(x)`, optionally writing the
+unit-major address keys batch-major), `panm_hf::mode2_attention` (the Mode-2 read after its query MLP)
+and `panm_hf::masked_pool` (`h^c_0`'s masked mean or sum of `M`).
 """
 
 from __future__ import annotations
