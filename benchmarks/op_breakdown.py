@@ -49,13 +49,15 @@ class Attribution(TorchFunctionMode):
         super().__init__()
         self.stack: list[str] = []
         self.created: list[tuple[int, str]] = []  # (sequence number of an output's node, part)
+        self.seen: set[int] = set()  # nodes already attributed: a call returning its input unchanged made none
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         part = self.stack[-1] if self.stack else OTHER
         for value in out if isinstance(out, (tuple, list)) else (out,):
             node = getattr(value, "grad_fn", None) if isinstance(value, torch.Tensor) else None
-            if node is not None:
+            if node is not None and node._sequence_nr() not in self.seen:  # e.g. a no-op `.to(dtype)`
+                self.seen.add(node._sequence_nr())
                 self.created.append((node._sequence_nr(), part))
         return out
 
