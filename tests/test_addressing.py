@@ -2,7 +2,23 @@ import pytest
 import torch
 from conftest import tiny_memory
 
-from panm_hf.addressing import binary_codes, build_address_bank, sample_base_address, slot_addresses
+from panm_hf.addressing import (
+    TABLE_BITS,
+    address_codes,
+    binary_codes,
+    build_address_bank,
+    sample_base_address,
+    slot_addresses,
+)
+
+
+@pytest.mark.parametrize("bits", [1, 5, 10, TABLE_BITS, TABLE_BITS + 2])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_address_codes_from_the_table_equal_binary_codes(bits, dtype):
+    addresses = torch.randint(0, 2**bits, (3, 7), generator=torch.Generator().manual_seed(bits))
+    addresses[0, 0], addresses[0, 1] = 0, 2**bits - 1  # both ends of the address space
+    codes = address_codes(addresses, bits, dtype)
+    assert codes.dtype == dtype and torch.equal(codes, binary_codes(addresses, bits).to(dtype))
 
 
 def test_binary_codes_msb_first():

@@ -75,6 +75,16 @@ def test_state_index_select_reorders_every_field():
     assert torch.equal(out.memory.index_select(order).address_bank, out.memory.address_bank[order])
 
 
+@pytest.mark.parametrize("units", range(1, 9))
+def test_integer_start_offsets_equal_the_rounded_fractions(units):
+    """Unit k >= 2 at fraction (k - 1) / (units - 1) of the last slot, rounded half up (the float formula)."""
+    lengths = torch.arange(0, 300)
+    fractions = [0.0, 1.0] + [k / (units - 1) for k in range(1, units - 1)]
+    last = (lengths - 1).clamp(min=0).unsqueeze(-1).double()  # (batch, 1)
+    expected = torch.floor(last * torch.tensor(fractions[:units], dtype=torch.float64) + 0.5).long()
+    assert torch.equal(initial_pointer_offsets(lengths, units), expected)
+
+
 def test_initial_pointers_base_end_middle():
     lengths = torch.tensor([5, 1, 8])
     assert initial_pointer_offsets(lengths, 2).tolist() == [[0, 4], [0, 0], [0, 7]]
