@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import (
     BartConfig,
     BertConfig,
@@ -142,3 +143,15 @@ def run_without_panm_hf(body: str, tmp_path) -> list[str]:
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     return result.stdout.split()
+
+
+class OpNames(TorchDispatchMode):
+    """Records the name of every aten (or custom) op dispatched while active."""
+
+    def __init__(self):
+        super().__init__()
+        self.names = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.append(str(func))
+        return func(*args, **(kwargs or {}))

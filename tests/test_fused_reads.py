@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from conftest import OpNames
 
 from panm_hf import PanmMemory, PanmMemoryConfig
 from panm_hf import recurrence_kernel as kernel_module
@@ -130,16 +130,6 @@ def test_gradcheck_and_opcheck_of_the_read_ops_in_float64():
 
         assert torch.autograd.gradcheck(call, differentiable), op
         torch.library.opcheck(op, args, test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
-
-
-class OpNames(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.names = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.names.append(str(func))
-        return func(*args, **(kwargs or {}))
 
 
 def training_step(kernel, *, scoring, controller_init, dtype=torch.float64, count=False):

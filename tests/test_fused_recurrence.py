@@ -9,7 +9,7 @@ import sys
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from conftest import OpNames
 
 from panm_hf import PanmMemory, PanmMemoryConfig
 from panm_hf import recurrence_kernel as kernel_module
@@ -126,16 +126,6 @@ def test_the_custom_ops_pass_torch_library_opcheck():
             cell.hidden_gates.bias, module.scorer.inverse_temperature, inputs["steps"])  # fmt: skip
     torch.library.opcheck(torch.ops.panm_hf.pointer_recurrence.default, args,
                           test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))  # fmt: skip
-
-
-class OpNames(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.names = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.names.append(str(func))
-        return func(*args, **(kwargs or {}))
 
 
 @needs_kernel
