@@ -38,10 +38,8 @@ import torch
 from datasets import Dataset
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import (
-    DataCollatorForSeq2Seq,
     HfArgumentParser,
     PreTrainedTokenizerFast,
-    Seq2SeqTrainer,
     Seq2SeqTrainingArguments,
     set_seed,
 )
@@ -55,6 +53,7 @@ from run_translation import (  # noqa: E402
     apply_smoke,
     backbone_config,
     build_model,
+    model_trainer,
     validate_model_args,
 )
 from run_translation import ModelArguments as TranslationModelArguments  # noqa: E402
@@ -252,16 +251,7 @@ def run_one(name, model_args, panm_args, data_args, training_args, tokenizer, co
     model = build_model(name, model_args, panm_args, config)
     model.generation_config.max_length = data_args.max_target_length
     model.generation_config.num_beams = 1
-    output_dir = os.path.join(training_args.output_dir, name)
-    args = Seq2SeqTrainingArguments(**{**training_args.to_dict(), "output_dir": output_dir})
-    args.predict_with_generate = True
-    trainer = Seq2SeqTrainer(
-        model=model,
-        args=args,
-        train_dataset=train_dataset,
-        data_collator=DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100),
-        processing_class=tokenizer,
-    )
+    trainer = model_trainer(name, model, tokenizer, training_args, train_dataset, generate=True)
     start = time.time()
     train_output = trainer.train()
     result = {

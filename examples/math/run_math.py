@@ -27,10 +27,8 @@ import torch
 from datasets import Dataset
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import (
-    DataCollatorForSeq2Seq,
     HfArgumentParser,
     PreTrainedTokenizerFast,
-    Seq2SeqTrainer,
     Seq2SeqTrainingArguments,
     set_seed,
 )
@@ -44,6 +42,7 @@ from run_translation import (  # noqa: E402
     apply_smoke,
     backbone_config,
     build_model,
+    model_trainer,
     validate_model_args,
 )
 from run_translation import ModelArguments as TranslationModelArguments  # noqa: E402
@@ -147,17 +146,7 @@ def run_one(
     model = build_model(name, model_args, panm_args, config)
     model.generation_config.max_length = data_args.max_target_length
     model.generation_config.num_beams = 1
-    args = Seq2SeqTrainingArguments(
-        **{**training_args.to_dict(), "output_dir": os.path.join(training_args.output_dir, name)}
-    )
-    args.predict_with_generate = True
-    trainer = Seq2SeqTrainer(
-        model=model,
-        args=args,
-        train_dataset=train_dataset,
-        data_collator=DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100),
-        processing_class=tokenizer,
-    )
+    trainer = model_trainer(name, model, tokenizer, training_args, train_dataset, generate=True)
     start = time.time()
     train_output = trainer.train()
     result = {
@@ -169,7 +158,7 @@ def run_one(
         prediction = trainer.predict(dataset, max_length=data_args.max_target_length, num_beams=1)
         result[f"{split}_accuracy"] = exact_match(prediction.predictions, answers, tokenizer)
     if trainer.is_world_process_zero():
-        trainer.save_model(args.output_dir)
+        trainer.save_model(trainer.args.output_dir)
     return result
 
 

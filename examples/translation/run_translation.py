@@ -211,6 +211,25 @@ def gather_checksums(model: torch.nn.Module) -> list[list[float]]:
     return gathered
 
 
+def model_trainer(name, model, tokenizer, training_args, train_dataset, eval_dataset=None, *, generate: bool):
+    """The examples' `Seq2SeqTrainer` for one model: output in `<output_dir>/<name>`, labels padded with -100.
+
+    `generate` sets `predict_with_generate` (translation evaluates loss per epoch; math and bAbI score
+    generated answers).
+    """
+    output_dir = os.path.join(training_args.output_dir, name)
+    args = Seq2SeqTrainingArguments(**{**training_args.to_dict(), "output_dir": output_dir})
+    args.predict_with_generate = generate
+    return Seq2SeqTrainer(
+        model=model,
+        args=args,
+        train_dataset=train_dataset,
+        eval_dataset=eval_dataset,
+        data_collator=DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100),
+        processing_class=tokenizer,
+    )
+
+
 def run_one(
     name: str,
     model_args: ModelArguments,
@@ -231,17 +250,9 @@ def run_one(
     # Seq2SeqTrainer pads predictions to generation_config.max_length.
     model.generation_config.max_length = max_length
     model.generation_config.num_beams = num_beams
-    model_dir = os.path.join(training_args.output_dir, name)
-    args = Seq2SeqTrainingArguments(**{**training_args.to_dict(), "output_dir": model_dir})
-    args.predict_with_generate = False  # per-epoch evaluation: loss only; BLEU once at the end
-    trainer = Seq2SeqTrainer(
-        model=model,
-        args=args,
-        train_dataset=train_dataset,
-        eval_dataset=test_dataset,
-        data_collator=DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100),
-        processing_class=tokenizer,
-    )
+    # per-epoch evaluation: loss only; BLEU once at the end
+    trainer = model_trainer(name, model, tokenizer, training_args, train_dataset, test_dataset, generate=False)
+    model_dir = trainer.args.output_dir
     start = time.time()
     trainer.train()
     train_seconds = time.time() - start
