@@ -60,7 +60,9 @@ def test_smoke_run_writes_finite_perplexity_and_bleu(tmp_path):
     # ablate_reads.py rebuilds the same test split from results.json and scores the saved models
     import ablate_reads
 
-    report = ablate_reads.main(["--run_dir", str(tmp_path), "--data_dir", str(DATA_DIR)])
+    written = tmp_path / "ablation.json"
+    report = ablate_reads.main(["--run_dir", str(tmp_path), "--data_dir", str(DATA_DIR), "--output", str(written)])
+    assert json.loads(written.read_text())["report"] == report  # the JSON holds the printed tables
     assert set(report) == {"transformer", "panm", "panm without Controller output", "panm without pointer reads"}
     num_target_tokens = None
     for tables in report.values():

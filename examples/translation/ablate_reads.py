@@ -12,7 +12,8 @@ pointer-based reads (Mode 1 and Mode 2) zeroed but the content read kept. A mode
 perplexity does not rise without a part has learned to ignore it.
 
     python examples/translation/ablate_reads.py --run_dir runs/mt --data_dir ../shared/data/multi30k
-    python examples/translation/ablate_reads.py --run_dir runs/mt_transformer runs/mt_panm --data_dir ...
+    python examples/translation/ablate_reads.py --run_dir runs/mt_transformer runs/mt_panm --data_dir ... \
+        --output ablation.json
 
 Several run directories must share one test split (same split ratio, test-sample count and seed);
 a model name that repeats across them is suffixed with `@<directory name>`.
@@ -134,6 +135,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--run_dir", required=True, nargs="+", help="--output_dir of run_translation.py runs")
     parser.add_argument("--data_dir", required=True, help="Multi30K folder the runs used")
+    parser.add_argument("--output", default=None, help="Also write the tables to this JSON file")
     args = parser.parse_args(argv)
     summaries = []
     for run_dir in args.run_dir:
@@ -159,6 +161,10 @@ def main(argv: list[str] | None = None) -> dict:
     for name, tables in report.items():
         for kind, table in tables.items():
             print(f"{name} [{kind}]", {bucket: row["perplexity"] for bucket, row in table.items()})
+    if args.output is not None:
+        with open(args.output, "w") as handle:
+            json.dump({"run_dirs": args.run_dir, "seed": split_of[0][1], "split": split_of[0][0], "report": report},
+                      handle, indent=1)  # fmt: skip
     return report
 
 
