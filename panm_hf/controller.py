@@ -10,6 +10,11 @@ input length, which pushes ``h^c_0`` out of the GRU's (-1, 1) range on inputs
 several times longer than in training, so the default is a projected mean of
 the real memory slots (``controller_init="mean"``); ``"sum"`` keeps the paper's
 choice (also projected, since ``d_m`` and the GRU size may differ).
+
+With ``content_read="controller"`` (the authors' code, beyond the paper's equations) the
+Controller also attends over ``M`` with its previous state, and the attended value joins the
+GRU input and ``g^o``'s input; the reads then depend on the Controller's state, so the steps
+run one at a time (``attentive_forward``).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import torch
 from torch import nn
 
 from .memory_config import PanmMemoryConfig
+from .reads import ControllerContentReader
 from .recurrence_kernel import unavailable_reason
 
 
@@ -28,7 +34,7 @@ class Controller(nn.Module):
         config: the PANM hyperparameters; reads `controller_hidden_size` (GRU size), `mlp_hidden_size`
             (width of `g^o`), `controller_init` (`"mean"` or `"sum"` of the real memory slots for `h^c_0`) and
             `recurrence_kernel` (`nn.GRU`, the reference, or one fused kernel for all steps on CPU).
-        read_size: size of the concatenated Mode-1 and Mode-2 values.
+        read_size: size of the concatenated Mode-1 and Mode-2 values (and a `z_t`-queried content read).
         decoder_input_size: size of `z_t` (0 when the Controller has no decoder input).
         memory_dim: size of a memory slot (for the initial state).
         output_size: size of the output.
@@ -43,9 +49,17 @@ class Controller(nn.Module):
         self.recurrence_kernel = config.recurrence_kernel
         self.decoder_input_size = decoder_input_size
         self.initial_state = nn.Linear(memory_dim, hidden_size)
-        self.gru = nn.GRU(read_size + decoder_input_size, hidden_size, batch_first=True)
+        # the authors' state-driven attention over M; its value is the last part of the GRU and g^o inputs
+        self.content_reader = (
+            ControllerContentReader(hidden_size=hidden_size, memory_dim=memory_dim)
+            if config.content_read == "controller"
+            else None
+        )
+        self.content_dropout = nn.Dropout(config.panm_dropout)
+        content_size = memory_dim if self.content_reader is not None else 0
+        self.gru = nn.GRU(read_size + decoder_input_size + content_size, hidden_size, batch_first=True)
         self.output_mlp = nn.Sequential(
-            nn.Linear(read_size + hidden_size, config.mlp_hidden_size),
+            nn.Linear(read_size + content_size + hidden_size, config.mlp_hidden_size),
             nn.ReLU(),
             nn.Linear(config.mlp_hidden_size, output_size),
         )
@@ -66,12 +80,28 @@ class Controller(nn.Module):
     def fused_unavailable_reason(self, inputs: torch.Tensor, hidden: torch.Tensor) -> str | None:
         """Why the GRU cannot run as one fused kernel on these inputs; None when it can (on CUDA, cuDNN's
         `nn.GRU` is that kernel)."""
+        if self.content_reader is not None:
+            return 'content_read="controller" reads with the Controller state, so its steps run one at a time'
         if inputs.device.type == "cuda":
             return None
         tensors = [inputs, hidden, *self.gru.parameters()]
         if len({t.dtype for t in tensors}) > 1 or len({t.device for t in tensors}) > 1:
             return "the inputs, state and GRU parameters differ in dtype or device"
         return unavailable_reason(hidden.dtype, hidden.device)
+
+    @staticmethod
+    def _input_rows(
+        reads: torch.Tensor, decoder_states: torch.Tensor | None, hidden: torch.Tensor
+    ) -> tuple[int, int, torch.Tensor, torch.Tensor]:
+        """`(batch, steps, read rows (batch*steps, read_size), GRU input rows [reads, z_t])`."""
+        batch = hidden.shape[0]
+        steps = reads.shape[1] if reads.dim() == 3 else reads.shape[0] // max(batch, 1)
+        # every linear runs on 2-D rows: on 3-D inputs each adds two views forward and two backward
+        rows = reads if reads.dim() == 2 else reads.reshape(batch * steps, -1)  # (batch*steps, read_size)
+        if decoder_states is None:
+            return batch, steps, rows, rows
+        decoder_rows = decoder_states.reshape(batch * steps, -1).to(reads.dtype)  # (batch*steps, decoder_input)
+        return batch, steps, rows, torch.cat([rows, decoder_rows], dim=-1)
 
     def forward(
         self,
@@ -93,14 +123,7 @@ class Controller(nn.Module):
         Returns:
             `(outputs (batch, steps, output_size), last hidden (batch, hidden))`.
         """
-        batch = hidden.shape[0]
-        steps = reads.shape[1] if reads.dim() == 3 else reads.shape[0] // max(batch, 1)
-        # every linear runs on 2-D rows: on 3-D inputs each adds two views forward and two backward
-        rows = reads if reads.dim() == 2 else reads.reshape(batch * steps, -1)  # (batch*steps, read_size)
-        inputs = rows
-        if decoder_states is not None:
-            decoder_rows = decoder_states.reshape(batch * steps, -1).to(reads.dtype)  # (batch*steps, decoder_input)
-            inputs = torch.cat([rows, decoder_rows], dim=-1)
+        batch, steps, rows, inputs = self._input_rows(reads, decoder_states, hidden)
         reason = self.fused_unavailable_reason(inputs, hidden) if self.recurrence_kernel != "eager" else None
         if self.recurrence_kernel == "fused" and reason is not None:
             raise ValueError(
@@ -123,3 +146,61 @@ class Controller(nn.Module):
             index = (count - 1).clamp(min=0).reshape(-1, 1, 1).expand(-1, 1, states.shape[-1])  # (batch, 1, hidden)
             last = torch.where((count > 0).unsqueeze(-1), states.gather(1, index).squeeze(1), hidden)
         return outputs, last
+
+    def attentive_forward(
+        self,
+        reads: torch.Tensor,
+        decoder_states: torch.Tensor | None,
+        hidden: torch.Tensor,
+        memory_states: torch.Tensor,
+        attention_mask: torch.Tensor,
+        step_mask: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Run the Controller with its state-driven attention (`content_read="controller"`), step by step.
+
+        Step `t`: `c_t = attend(h^c_{t-1}, M)`, `h^c_t = GRU([reads_t, z_t, c_t], h^c_{t-1})`,
+        output `g^o([reads_t, c_t, h^c_t])`. The GRU keeps `nn.GRU`'s parameters (and gate order r, z, n);
+        the part of its input that does not depend on the state is projected for all steps at once.
+
+        Args:
+            reads, decoder_states, hidden, step_mask: as in `forward` (a step outside `step_mask` leaves
+                the state unchanged).
+            memory_states: `(batch, slots, memory_dim)` the memory `M`.
+            attention_mask: `(batch, slots)` bool, or `(batch, steps, slots)` per step (causal decoding).
+
+        Returns:
+            `(outputs (batch, steps, output_size), last hidden (batch, hidden), weights (batch, steps, slots))`.
+        """
+        reader = self.content_reader
+        if reader is None:
+            raise ValueError('attentive_forward needs content_read="controller"; call forward instead.')
+        batch, steps, rows, inputs = self._input_rows(reads, decoder_states, hidden)
+        gru = self.gru
+        fixed_size = inputs.shape[-1]
+        weight_fixed, weight_content = gru.weight_ih_l0[:, :fixed_size], gru.weight_ih_l0[:, fixed_size:]
+        fixed_gates = nn.functional.linear(inputs, weight_fixed, gru.bias_ih_l0)  # (batch*steps, 3*hidden)
+        fixed_gates = fixed_gates.reshape(batch, steps, -1)  # (batch, steps, 3*hidden)
+        keys = reader.key(memory_states)  # (batch, slots, dim), once for all steps
+        states, contents, weights = [], [], []
+        for t in range(steps):
+            mask = attention_mask if attention_mask.dim() == 2 else attention_mask[:, t]  # (batch, slots)
+            content, weight = reader(hidden, keys, memory_states, mask)  # (batch, dim), (batch, slots)
+            content = self.content_dropout(content)
+            input_gates = fixed_gates[:, t] + nn.functional.linear(content, weight_content)  # (batch, 3*hidden)
+            hidden_gates = nn.functional.linear(hidden, gru.weight_hh_l0, gru.bias_hh_l0)  # (batch, 3*hidden)
+            input_r, input_z, input_n = input_gates.chunk(3, dim=-1)
+            hidden_r, hidden_z, hidden_n = hidden_gates.chunk(3, dim=-1)
+            reset = torch.sigmoid(input_r + hidden_r)
+            update = torch.sigmoid(input_z + hidden_z)
+            candidate = torch.tanh(input_n + reset * hidden_n)
+            new_hidden = (1 - update) * candidate + update * hidden
+            if step_mask is not None:  # a padded step keeps the state
+                new_hidden = torch.where(step_mask[:, t].unsqueeze(-1), new_hidden, hidden)
+            hidden = new_hidden
+            states.append(hidden)
+            contents.append(content)
+            weights.append(weight)
+        state_rows = torch.stack(states, dim=1).reshape(batch * steps, -1)  # (batch*steps, hidden)
+        content_rows = torch.stack(contents, dim=1).reshape(batch * steps, -1)  # (batch*steps, dim)
+        outputs = self.output_mlp(torch.cat([rows, content_rows, state_rows], dim=-1))  # (batch*steps, out)
+        return outputs.reshape(batch, steps, -1), hidden, torch.stack(weights, dim=1)  # (b, steps, out), ..., (b, t, s)

@@ -33,6 +33,8 @@ class PanmMemoryOutput:
         memory: the `AddressedMemory` that was read (reuse it for later steps).
         address_attentions: `(batch, steps, units, slots)` Mode-1 address attention `w^a_t`, if requested.
         mode2_attentions: `(batch, steps, heads, slots)` Mode-2 attention `w^c_t`, if requested.
+        content_attentions: `(batch, steps, slots)` the content read's attention (`content_read` other than
+            `"none"`), if requested.
     """
 
     hidden_states: torch.Tensor
@@ -40,6 +42,7 @@ class PanmMemoryOutput:
     memory: AddressedMemory
     address_attentions: torch.Tensor | None = None
     mode2_attentions: torch.Tensor | None = None
+    content_attentions: torch.Tensor | None = None
 
 
 @functools.lru_cache(maxsize=16)
@@ -73,18 +76,18 @@ class PanmMemory(nn.Module):
             fields); each part reads the fields it uses, documented on `PanmMemoryConfig`.
         memory_dim: size `d_m` of a memory slot (the encoder's hidden size).
         decoder_input_size: size of the decoder input `z_t` fed to the Controller; 0 for none (`z_t = 0`).
-            `content_read="decoder"` needs one.
+            `content_read="decoder"` needs one (`"controller"` does not).
         output_size: size of the Controller's output.
     """
 
     def __init__(self, config: PanmMemoryConfig, *, memory_dim: int, decoder_input_size: int, output_size: int):
         super().__init__()
         PanmMemoryConfig.validate(config)  # again: a config may have been edited since it was built
-        if config.content_read != "none" and decoder_input_size == 0:
+        if config.content_read == "decoder" and decoder_input_size == 0:
             raise ValueError(
                 f"content_read={config.content_read!r} queries memory with the decoder state z_t, but this "
                 "PanmMemory has no decoder input (decoder_input_size=0, as in the QA head); use "
-                'content_read="none".'
+                'content_read="none" or "controller" (queried by the Controller state).'
             )
         self.address_distractors = config.address_distractors
         self.memory_dim = memory_dim
@@ -298,13 +301,25 @@ class PanmMemory(nn.Module):
                 mode1_values, memory.memory_states, slot_mask
             )  # (batch*steps, heads*dim), (batch, steps*heads, slots)
             reads.append(mode2_values)
+        content_weights = None
         if self.content_reader is not None:
-            content_values, _ = self.content_reader(decoder_states, memory.memory_states, slot_mask)
+            content_values, content_weights = self.content_reader(decoder_states, memory.memory_states, slot_mask)
+            content_weights = content_weights.squeeze(2)  # (batch, steps, slots)
             reads.append(content_values.reshape(mode1_values.shape[0], -1))  # (batch*steps, dim)
         reads = torch.cat(reads, dim=-1)  # (batch*steps, num_reads*dim)
-        hidden_states, controller_hidden = self.controller(
-            self.dropout(reads), decoder_states, state.controller_hidden, step_mask=step_mask
-        )
+        if self.controller.content_reader is not None:  # content_read="controller": steps one at a time
+            hidden_states, controller_hidden, content_weights = self.controller.attentive_forward(
+                self.dropout(reads),
+                decoder_states,
+                state.controller_hidden,
+                memory.memory_states,
+                slot_mask,
+                step_mask=step_mask,
+            )
+        else:
+            hidden_states, controller_hidden = self.controller(
+                self.dropout(reads), decoder_states, state.controller_hidden, step_mask=step_mask
+            )
         hidden_states = self.dropout(hidden_states)
         if self.training and self.drop_path > 0:  # stochastic depth: a sample keeps all of PANM's output or none
             keep = torch.rand(batch_size, 1, 1, device=hidden_states.device) >= self.drop_path  # (batch, 1, 1)
@@ -324,6 +339,7 @@ class PanmMemory(nn.Module):
                 if output_attentions and mode2_weights is not None
                 else None
             ),
+            content_attentions=content_weights if output_attentions else None,
         )
 
     def _causal_masks(

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 SCORINGS = ("dot", "cosine")
 CONTROLLER_INITS = ("mean", "sum")
 POINTER_UPDATES = ("attention", "shift")
-CONTENT_READS = ("none", "decoder")
+CONTENT_READS = ("none", "decoder", "controller")
 RECURRENCE_KERNELS = ("auto", "eager", "fused")
 INTEGER_FIELDS = (
     "address_bits", "num_pointer_units", "num_mode2_heads", "pointer_hidden_size", "controller_hidden_size",
@@ -70,6 +70,10 @@ class PanmMemoryConfig:
             authors' code, which has an attention over `M` inside the Controller) adds a content
             attention over `M` queried by the decoder state `z_t`, fed to the Controller with the
             Mode-1/Mode-2 values. Needs a decoder input (seq2seq; the QA head has no `z_t`).
+            `"controller"` is the authors' code itself: a Bahdanau attention over `M` queried by the
+            Controller's previous state `h^c_{t-1}`, its value fed to the Controller GRU and `g^o`, so the
+            read follows what has been decoded even with `z_t = 0`; the Controller then runs its steps one
+            at a time (no fused kernel). Measured in docs/RESULTS.md.
         panm_dropout (`float`, *optional*, defaults to 0.0):
             dropout on the reads entering the Controller and on its output (the paper has none; the
             authors' code drops 0.5 of the Mode-2 attention).
@@ -123,7 +127,8 @@ class PanmMemoryConfig:
     content_read: str = field(
         default="none",
         metadata={
-            "help": "PANM content read: none (the paper) or decoder (attention over M queried by z_t).",
+            "help": "PANM content read: none (the paper), decoder (attention over M queried by z_t) or "
+            "controller (queried by the Controller state, as in the authors' code).",
             "choices": CONTENT_READS,
         },
     )
@@ -215,6 +220,11 @@ class PanmMemoryConfig:
             raise ValueError(
                 f'recurrence_kernel="fused" covers pointer_update="attention" only (got {self.pointer_update!r}); '
                 'use recurrence_kernel="auto" or "eager".'
+            )
+        if self.recurrence_kernel == "fused" and self.content_read == "controller":
+            raise ValueError(
+                'recurrence_kernel="fused" cannot run content_read="controller": its attention reads with the '
+                'Controller state, so the Controller steps one at a time; use recurrence_kernel="auto" or "eager".'
             )
         if self.pointer_update == "shift" and self.address_distractors > 0:
             raise ValueError(

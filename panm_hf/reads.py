@@ -3,7 +3,10 @@
 Mode 1 dereferences each Mode-1 pointer: ``*p^a_{t,h} = M w^a_{t,h}``.
 Mode 2 attends over ``M`` with a query made from the Mode-1 values,
 ``q_t = g^c([*p^a_{t,1..H^a}])`` (Eqs. 4-6), one query per Mode-2 head.
-Both run over every decoding step at once.
+Both run over every decoding step at once. Two optional content reads go beyond the
+paper's equations (``content_read``): one queried by the decoder state ``z_t`` (all steps
+at once) and one queried by the Controller's own state ``h^c_{t-1}`` (the authors' code; the
+Controller runs it one step at a time).
 """
 
 from __future__ import annotations
@@ -108,3 +111,40 @@ class DecoderContentReader(nn.Module):
         weights = masked_softmax(scores, mask)
         values = torch.einsum("bts,bsd->btd", weights, memory_states)  # (batch, steps, dim)
         return values.unsqueeze(2), weights.unsqueeze(2)
+
+
+class ControllerContentReader(nn.Module):
+    """Beyond the paper's equations, after the authors' code: Bahdanau attention over `M` queried by
+    the Controller's previous state `h^c_{t-1}`.
+
+    The authors' Controller (thaihungle/PANM, `baselines/panm.py`) is an attentional GRU decoder: at
+    every step its state scores every memory slot additively, `v . relu(W [h^c_{t-1}; M_i])`, and the
+    attended value joins the GRU input and the output layer. Because the read at step `t` depends on
+    what the Controller read and emitted before, it is a lookup driven by the decoded history (what
+    Priority Sort's "the next-larger score" needs) even when the Controller has no decoder input
+    (`z_t = 0`). The Pointer Units still see no content (principle II). The price is a per-step loop:
+    `Controller` runs its GRU one step at a time when this reader is on.
+
+    Scores are `v . tanh(W_k M_i + W_q h)` (Bahdanau's form; the authors use ReLU on a concatenation,
+    the same family), with an attention width equal to `d_m`.
+
+    Args:
+        hidden_size: size of the Controller state `h^c`.
+        memory_dim: size of a memory slot `d_m`.
+    """
+
+    def __init__(self, *, hidden_size: int, memory_dim: int):
+        super().__init__()
+        self.key = nn.Linear(memory_dim, memory_dim)
+        self.query = nn.Linear(hidden_size, memory_dim, bias=False)
+        self.score = nn.Linear(memory_dim, 1, bias=False)
+
+    def forward(
+        self, hidden: torch.Tensor, keys: torch.Tensor, memory_states: torch.Tensor, attention_mask: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One step: `hidden (batch, hidden)`, `keys = self.key(M) (batch, slots, dim)`, `M`, mask
+        `(batch, slots)` -> `(values (batch, dim), weights (batch, slots))`."""
+        energies = torch.tanh(keys + self.query(hidden).unsqueeze(1))  # (batch, slots, dim)
+        weights = masked_softmax(self.score(energies).squeeze(-1), attention_mask)  # (batch, slots)
+        values = torch.bmm(weights.unsqueeze(1), memory_states).squeeze(1)  # (batch, dim)
+        return values, weights

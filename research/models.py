@@ -13,6 +13,8 @@ difference between them is how the decoder reads the encoder's memory:
 * ``transformer``: Transformer encoder-decoder; decoder queries are positional encodings.
 * ``panm_shift``, ``panm_distract``: PANM with a beyond-the-paper option switched on
   (`PANM_VARIANTS`: content-free pointer arithmetic, training-time distractor addresses).
+* ``panm_ctrl``, ``panm_shift_ctrl``: PANM (or `shift`) with the authors' Controller attention
+  (`content_read="controller"`: Bahdanau attention over `M` queried by the Controller state).
 
 `build_model(name, feature_dim)` builds one with the suite's default sizes
 (about 1M parameters each; PANM takes `PanmMemoryConfig`'s defaults, which follow the
@@ -39,6 +41,8 @@ PANM_VARIANTS = {
     "panm": {},
     "panm_shift": {"pointer_update": "shift", "shift_range": 1},
     "panm_distract": {"address_distractors": 8},
+    "panm_ctrl": {"content_read": "controller"},
+    "panm_shift_ctrl": {"pointer_update": "shift", "shift_range": 1, "content_read": "controller"},
 }
 MODEL_NAMES = (*PANM_VARIANTS, "lstm", "content", "location", "transformer")
 

@@ -91,7 +91,9 @@ def test_fresh_wrapper_returns_exactly_the_backbone_logits(name):
 
 
 @pytest.mark.parametrize("name", NAMES)
-@pytest.mark.parametrize("options", [{}, {"pointer_update": "shift"}, {"content_read": "decoder"}])
+@pytest.mark.parametrize(
+    "options", [{}, {"pointer_update": "shift"}, {"content_read": "decoder"}, {"content_read": "controller"}]
+)
 def test_future_tokens_do_not_change_earlier_logits(name, options):
     _, model = wrap(name, **options)
     model = activate_panm(model)
@@ -158,7 +160,9 @@ def test_causal_initial_state_and_end_pointer_follows_the_newest_slot():
     torch.testing.assert_close(end_pointer, expected.expand(2, -1, -1), atol=1e-4, rtol=0)
 
 
-@pytest.mark.parametrize("options", [{}, {"pointer_update": "shift"}, {"address_distractors": 4}])
+@pytest.mark.parametrize(
+    "options", [{}, {"pointer_update": "shift"}, {"address_distractors": 4}, {"content_read": "controller"}]
+)
 def test_gradients_reach_every_panm_parameter(options):
     _, model = wrap("gpt2", **options)
     model = activate_panm(model).train()
@@ -170,7 +174,8 @@ def test_gradients_reach_every_panm_parameter(options):
 
 # (backbone, PANM options): the paper's Pointer Unit on every backbone, "shift", and main's content read.
 CASES = [(name, {}) for name in NAMES] + [("llama", {"pointer_update": "shift"}),
-                                          ("gpt2", {"content_read": "decoder", "panm_dropout": 0.1})]  # fmt: skip
+                                          ("gpt2", {"content_read": "decoder", "panm_dropout": 0.1}),
+                                          ("llama", {"content_read": "controller"})]  # fmt: skip
 CASE_IDS = [f"{name}-" + ("-".join(f"{k}={v}" for k, v in options.items()) or "paper") for name, options in CASES]
 
 

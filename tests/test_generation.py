@@ -44,6 +44,7 @@ VARIANTS = {
     "attention": {},
     "shift": {"pointer_update": "shift"},
     "content": {"content_read": "decoder", "panm_dropout": 0.1},
+    "controller": {"content_read": "controller", "panm_dropout": 0.1},
 }
 # (backbone, placement, variant): the paper's Pointer Unit everywhere, the variants on some backbones.
 CASES = [
@@ -53,6 +54,8 @@ CASES = [
     ("marian", "residual", "content"),
     ("t5", "residual", "attention"),
     ("bart", "stack", "content"),
+    ("bart", "residual", "controller"),
+    ("t5", "replace", "controller"),
 ]
 
 

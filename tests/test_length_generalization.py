@@ -19,6 +19,8 @@ TINY = {
     "panm": dict(memory_dim=16, pointer_hidden_size=16, controller_hidden_size=32, mlp_hidden_size=16),
     "panm_shift": dict(memory_dim=16, pointer_hidden_size=16, controller_hidden_size=32, mlp_hidden_size=16),
     "panm_distract": dict(memory_dim=16, pointer_hidden_size=16, controller_hidden_size=32, mlp_hidden_size=16),
+    "panm_ctrl": dict(memory_dim=16, pointer_hidden_size=16, controller_hidden_size=32, mlp_hidden_size=16),
+    "panm_shift_ctrl": dict(memory_dim=16, pointer_hidden_size=16, controller_hidden_size=32, mlp_hidden_size=16),
     "lstm": dict(hidden_size=32),
     "content": dict(memory_dim=16, hidden_size=32),
     "location": dict(memory_dim=16, hidden_size=32, max_slots=16),
@@ -64,9 +66,10 @@ def test_panm_address_attention_shape_and_mass():
     assert (weights.masked_select(~mask.expand_as(weights)) == 0).all()
 
 
-def test_padding_does_not_change_panm_outputs():
+@pytest.mark.parametrize("name", ["panm", "panm_ctrl"])
+def test_padding_does_not_change_panm_outputs(name):
     torch.manual_seed(0)
-    model = build_model("panm", 12, **TINY["panm"]).eval()
+    model = build_model(name, 12, **TINY[name]).eval()
     batch = _batch(length=(2, 5), seed=3)
     full = model(batch.inputs, batch.attention_mask, batch.labels.shape[1]).logits
     shortest = int(batch.attention_mask.sum(-1).argmin())
@@ -78,7 +81,7 @@ def test_padding_does_not_change_panm_outputs():
     torch.testing.assert_close(alone.logits[0], full[shortest, :steps], atol=1e-5, rtol=1e-4)
 
 
-@pytest.mark.parametrize("name", ["panm", "content"])
+@pytest.mark.parametrize("name", ["panm", "panm_ctrl", "content"])
 def test_tiny_model_overfits_one_batch(name):
     torch.manual_seed(0)
     model = build_model(name, 12, **TINY[name])

@@ -267,3 +267,77 @@ def test_drop_path_drops_whole_samples_in_training_only():
     memory.eval()
     assert torch.equal(memory(states, decoder).hidden_states, memory(states, decoder).hidden_states)
     assert memory(states, decoder).hidden_states.flatten(1).abs().amax(dim=1).min() > 0
+
+
+def reference_attentive_controller(memory, states, decoder, mask, steps):
+    """`content_read="controller"` written out with `nn.GRUCell` on the full input `[reads, z_t, c_t]`."""
+    out = memory(states, decoder, attention_mask=mask, num_steps=steps, output_attentions=True)
+    controller, reader = memory.controller, memory.controller.content_reader
+    cell = torch.nn.GRUCell(controller.gru.input_size, controller.gru.hidden_size)
+    cell.load_state_dict({"weight_ih": controller.gru.weight_ih_l0, "weight_hh": controller.gru.weight_hh_l0,
+                          "bias_ih": controller.gru.bias_ih_l0, "bias_hh": controller.gru.bias_hh_l0})  # fmt: skip
+    bound = memory.bind(states, mask)
+    hidden = memory.initial_state(bound).controller_hidden
+    mode1 = torch.einsum("btus,bsd->btud", out.address_attentions, states).flatten(2)  # (batch, steps, units*dim)
+    mode2 = torch.einsum("bths,bsd->bthd", out.mode2_attentions, states).flatten(2)  # (batch, steps, heads*dim)
+    reads = torch.cat([mode1, mode2], dim=-1)
+    outputs, weights = [], []
+    for t in range(steps):
+        scores = reader.score(torch.tanh(reader.key(states) + reader.query(hidden)[:, None])).squeeze(-1)
+        weight = torch.softmax(scores.masked_fill(~mask.bool(), -1e9), dim=-1)  # (batch, slots)
+        content = torch.einsum("bs,bsd->bd", weight, states)
+        parts = [reads[:, t]] + ([decoder[:, t]] if decoder is not None else [])
+        hidden = cell(torch.cat([*parts, content], dim=-1), hidden)
+        outputs.append(controller.output_mlp(torch.cat([reads[:, t], content, hidden], dim=-1)))
+        weights.append(weight)
+    return out, torch.stack(outputs, dim=1), torch.stack(weights, dim=1)
+
+
+@pytest.mark.parametrize("decoder_input_size", [6, 0])
+def test_controller_content_read_matches_the_written_out_equations(decoder_input_size):
+    memory = tiny(content_read="controller", decoder_input_size=decoder_input_size)
+    states = torch.randn(2, 6, 8)
+    mask = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0]])
+    decoder = torch.randn(2, 5, 6) if decoder_input_size else None
+    out, outputs, weights = reference_attentive_controller(memory, states, decoder, mask, 5)
+    torch.testing.assert_close(out.hidden_states, outputs, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(out.content_attentions, weights, atol=1e-6, rtol=1e-5)
+    assert torch.equal(out.content_attentions[1, :, 4:], torch.zeros(5, 2))  # padding gets exactly zero weight
+
+
+def test_controller_content_read_follows_the_controller_state_and_keeps_principle_two():
+    memory = tiny(content_read="controller")
+    states, decoder = torch.randn(2, 6, 8, requires_grad=True), torch.randn(2, 5, 6)
+    out = memory(states, decoder, output_attentions=True)
+    # the read at step t depends on what the Controller saw before t: other earlier decoder inputs move it
+    changed = decoder.clone()
+    changed[:, 0] += 3.0
+    other = memory(states, changed, output_attentions=True)
+    assert torch.equal(out.content_attentions[:, 0], other.content_attentions[:, 0])  # step 0 reads with h^c_0
+    assert not torch.allclose(out.content_attentions[:, 1:], other.content_attentions[:, 1:], atol=1e-4)
+    # the Pointer Units still see no content: same pointers, no gradient path from M to them
+    assert torch.equal(out.address_attentions, other.address_attentions)
+    (grad,) = torch.autograd.grad(out.address_attentions.sum(), states, allow_unused=True)
+    assert grad is None
+
+
+@pytest.mark.parametrize("decoder_input_size", [6, 0])
+def test_controller_content_read_step_by_step_equals_all_steps_at_once(decoder_input_size):
+    memory = tiny(content_read="controller", decoder_input_size=decoder_input_size)
+    states = torch.randn(2, 6, 8)
+    decoder = torch.randn(2, 5, 6) if decoder_input_size else None
+    mask = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 0, 0, 0]])
+    full = memory(states, decoder, attention_mask=mask, num_steps=5)
+    bound, state, outputs = memory.bind(states, mask), None, []
+    for t in range(5):
+        step = memory(bound, None if decoder is None else decoder[:, t : t + 1], state=state, num_steps=1)
+        state, outputs = step.state, outputs + [step.hidden_states]
+    torch.testing.assert_close(torch.cat(outputs, dim=1), full.hidden_states, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(state.controller_hidden, full.state.controller_hidden, atol=1e-6, rtol=1e-5)
+
+
+def test_controller_content_read_rejects_the_fused_kernel():
+    from panm_hf import PanmMemoryConfig
+
+    with pytest.raises(ValueError, match='recurrence_kernel="fused" cannot run content_read="controller"'):
+        PanmMemoryConfig(content_read="controller", recurrence_kernel="fused")

@@ -121,7 +121,8 @@ def test_panm_dropout_is_active_in_training_only():
 
 
 @pytest.mark.parametrize("placement,options", [("stack", {}), ("replace", {}),
-                                               ("residual", {"content_read": "decoder"})])
+                                               ("residual", {"content_read": "decoder"}),
+                                               ("residual", {"content_read": "controller"})])
 def test_padding_invariance_and_batch_independence(backbone_config, placement, options):
     _, model = wrap(backbone_config, placement, **options)
     model = activate_panm(model).eval()
@@ -150,8 +151,9 @@ def test_loss_ignores_minus_100_and_matches_cross_entropy(backbone_config):
 
 @pytest.mark.parametrize(
     "options",
-    [{}, {"pointer_update": "shift"}, {"address_distractors": 4}, {"content_read": "decoder", "panm_dropout": 0.1}],
-)
+    [{}, {"pointer_update": "shift"}, {"address_distractors": 4}, {"content_read": "decoder", "panm_dropout": 0.1},
+     {"content_read": "controller"}],
+)  # fmt: skip
 def test_gradients_reach_every_panm_parameter(backbone_config, options):
     _, model = wrap(backbone_config, **options)
     model = activate_panm(model).train()

@@ -51,7 +51,7 @@ def tiny_bert_config(vocab_size: int = 99) -> BertConfig:
 
 
 # The paper's Pointer Unit and the two beyond-the-paper options of the core (one flag each).
-PANM_OPTIONS = [{}, {"pointer_update": "shift"}, {"address_distractors": 4}]
+PANM_OPTIONS = [{}, {"pointer_update": "shift"}, {"address_distractors": 4}, {"content_read": "controller"}]
 
 
 def tiny_qa_pair(seed: int = 0, **options) -> tuple[BertForQuestionAnswering, BertWithPanmForQuestionAnswering]:
