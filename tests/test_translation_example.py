@@ -111,3 +111,40 @@ def test_plot_runs_merges_result_files_with_distinct_labels(tmp_path):
     (tmp_path / "other.json").write_text(json.dumps({"results": {}}))
     with pytest.raises(ValueError, match="placement"):
         plot_runs.main([str(tmp_path / "other.json"), "--output", str(tmp_path / "x.png")])
+
+
+def test_panm_weight_decay_applies_to_panm_weights_only(tmp_path):
+    from run_translation import ModelArguments, model_trainer, validate_model_args
+    from transformers import BartConfig, Seq2SeqTrainingArguments
+
+    from panm_hf import PanmConfig, PanmForSeq2SeqLM
+
+    text_config = BartConfig(
+        vocab_size=40, d_model=16, encoder_layers=1, decoder_layers=2, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=32,
+    )  # fmt: skip
+    model = PanmForSeq2SeqLM(PanmConfig(text_config=text_config.to_dict(), pointer_hidden_size=8,
+                                        controller_hidden_size=8, mlp_hidden_size=8))  # fmt: skip
+    args = Seq2SeqTrainingArguments(output_dir=str(tmp_path), weight_decay=0.01, report_to="none")
+
+    def rates(panm_weight_decay):
+        trainer = model_trainer("panm", model, None, args, None, generate=False, panm_weight_decay=panm_weight_decay)
+        optimizer = trainer.create_optimizer()
+        rate_of = {id(p): group["weight_decay"] for group in optimizer.param_groups for p in group["params"]}
+        # named_parameters() lists a tied weight once (the LM head is the embedding here)
+        decay_names = set(trainer.get_decay_parameter_names(model)) & {n for n, _ in model.named_parameters()}
+        return {name: rate_of[id(p)] for name, p in model.named_parameters()}, decay_names
+
+    with_panm, decay_names = rates(0.5)
+    panm_weights = [n for n in decay_names if n.startswith("panm.")]
+    backbone_weights = [n for n in decay_names if not n.startswith("panm.")]
+    assert panm_weights and backbone_weights  # both kinds exist in this model
+    assert all(with_panm[n] == 0.5 for n in panm_weights)
+    assert all(with_panm[n] == 0.01 for n in backbone_weights)
+    assert all(rate == 0.0 for n, rate in with_panm.items() if n not in decay_names)  # biases and norms
+    # Without the flag the optimizer is Trainer's: every weight at --weight_decay.
+    default, _ = rates(None)
+    assert all(default[n] == (0.01 if n in decay_names else 0.0) for n in default)
+
+    with pytest.raises(ValueError, match="--panm_weight_decay"):
+        validate_model_args(ModelArguments(panm_weight_decay=-0.1))

@@ -251,7 +251,10 @@ def run_one(name, model_args, panm_args, data_args, training_args, tokenizer, co
     model = build_model(name, model_args, panm_args, config)
     model.generation_config.max_length = data_args.max_target_length
     model.generation_config.num_beams = 1
-    trainer = model_trainer(name, model, tokenizer, training_args, train_dataset, generate=True)
+    trainer = model_trainer(
+        name, model, tokenizer, training_args, train_dataset, generate=True,
+        panm_weight_decay=model_args.panm_weight_decay,
+    )  # fmt: skip
     start = time.time()
     train_output = trainer.train()
     result = {

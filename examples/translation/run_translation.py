@@ -21,6 +21,7 @@ import math
 import os
 import sys
 import time
+from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -71,6 +72,13 @@ class ModelArguments:
         metadata={"help": "PANM placement: residual (measured best here), replace (paper) or stack (see PanmConfig)."},
     )
     vocab_size: int = field(default=8000, metadata={"help": "Joint BPE vocabulary size of the local tokenizer."})
+    panm_weight_decay: float | None = field(
+        default=None,
+        metadata={
+            "help": "AdamW weight decay on PANM's weights only (biases and norms excepted); the backbone keeps "
+            "--weight_decay. Default: --weight_decay for every weight, as Trainer does."
+        },
+    )
 
 
 @dataclass
@@ -131,6 +139,11 @@ def validate_model_args(model_args: ModelArguments) -> None:
         raise ValueError(
             f"--placement {model_args.placement} removes the last of --num_layers decoder layers, so it needs "
             "--num_layers >= 2; use --placement stack for a 1-layer backbone."
+        )
+    if model_args.panm_weight_decay is not None and not model_args.panm_weight_decay >= 0.0:
+        raise ValueError(
+            f"--panm_weight_decay must be >= 0 (got {model_args.panm_weight_decay}); omit it to use "
+            "--weight_decay for PANM's weights too."
         )
 
 
@@ -211,22 +224,59 @@ def gather_checksums(model: torch.nn.Module) -> list[list[float]]:
     return gathered
 
 
-def model_trainer(name, model, tokenizer, training_args, train_dataset, eval_dataset=None, *, generate: bool):
+class PanmSeq2SeqTrainer(Seq2SeqTrainer):
+    """`Seq2SeqTrainer` whose optimizer decays PANM's weights at their own rate (`--panm_weight_decay`).
+
+    Trainer's grouping is kept (biases and norms never decay; the backbone's weights decay at
+    `args.weight_decay`); only the weights under `panm.` get `panm_weight_decay`. With `None` it is
+    Trainer's optimizer exactly.
+    """
+
+    def __init__(self, *args, panm_weight_decay: float | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.panm_weight_decay = panm_weight_decay
+
+    def create_optimizer(self, model=None):
+        opt_model = self.model if model is None else model
+        if self.optimizer is None and self.panm_weight_decay is not None:
+            decay_names = set(self.get_decay_parameter_names(opt_model))
+            groups = defaultdict(list)  # weight decay -> parameters
+            for name, parameter in opt_model.named_parameters():
+                if not parameter.requires_grad:
+                    continue
+                if name not in decay_names:
+                    groups[0.0].append(parameter)
+                elif name.startswith("panm."):
+                    groups[self.panm_weight_decay].append(parameter)
+                else:
+                    groups[self.args.weight_decay].append(parameter)
+            optimizer_cls, optimizer_kwargs = self.get_optimizer_cls_and_kwargs(self.args, opt_model)
+            self.optimizer = optimizer_cls(
+                [{"params": params, "weight_decay": rate} for rate, params in groups.items()], **optimizer_kwargs
+            )
+        return super().create_optimizer(model)
+
+
+def model_trainer(
+    name, model, tokenizer, training_args, train_dataset, eval_dataset=None, *, generate: bool,
+    panm_weight_decay: float | None = None,
+):  # fmt: skip
     """The examples' `Seq2SeqTrainer` for one model: output in `<output_dir>/<name>`, labels padded with -100.
 
     `generate` sets `predict_with_generate` (translation evaluates loss per epoch; math and bAbI score
-    generated answers).
+    generated answers); `panm_weight_decay` is `--panm_weight_decay` (see `PanmSeq2SeqTrainer`).
     """
     output_dir = os.path.join(training_args.output_dir, name)
     args = Seq2SeqTrainingArguments(**{**training_args.to_dict(), "output_dir": output_dir})
     args.predict_with_generate = generate
-    return Seq2SeqTrainer(
+    return PanmSeq2SeqTrainer(
         model=model,
         args=args,
         train_dataset=train_dataset,
         eval_dataset=eval_dataset,
         data_collator=DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100),
         processing_class=tokenizer,
+        panm_weight_decay=panm_weight_decay,
     )
 
 
@@ -251,7 +301,10 @@ def run_one(
     model.generation_config.max_length = max_length
     model.generation_config.num_beams = num_beams
     # per-epoch evaluation: loss only; BLEU once at the end
-    trainer = model_trainer(name, model, tokenizer, training_args, train_dataset, test_dataset, generate=False)
+    trainer = model_trainer(
+        name, model, tokenizer, training_args, train_dataset, test_dataset, generate=False,
+        panm_weight_decay=model_args.panm_weight_decay,
+    )  # fmt: skip
     model_dir = trainer.args.output_dir
     start = time.time()
     trainer.train()
