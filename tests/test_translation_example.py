@@ -114,6 +114,7 @@ def test_plot_runs_merges_result_files_with_distinct_labels(tmp_path):
 
 
 def test_panm_weight_decay_applies_to_panm_weights_only(tmp_path):
+    import torch
     from run_translation import ModelArguments, model_trainer, validate_model_args
     from transformers import BartConfig, Seq2SeqTrainingArguments
 
@@ -148,3 +149,8 @@ def test_panm_weight_decay_applies_to_panm_weights_only(tmp_path):
 
     with pytest.raises(ValueError, match="--panm_weight_decay"):
         validate_model_args(ModelArguments(panm_weight_decay=-0.1))
+    # An optimizer that brings its own parameter structure is refused, not silently regrouped.
+    trainer = model_trainer("panm", model, None, args, None, generate=False, panm_weight_decay=0.5)
+    trainer.optimizer_cls_and_kwargs = (torch.optim.AdamW, {"model": model})
+    with pytest.raises(ValueError, match="--panm_weight_decay needs an optimizer"):
+        trainer.create_optimizer()

@@ -250,7 +250,16 @@ class PanmSeq2SeqTrainer(Seq2SeqTrainer):
                     groups[self.panm_weight_decay].append(parameter)
                 else:
                     groups[self.args.weight_decay].append(parameter)
-            optimizer_cls, optimizer_kwargs = self.get_optimizer_cls_and_kwargs(self.args, opt_model)
+            if self.optimizer_cls_and_kwargs is not None:
+                optimizer_cls, optimizer_kwargs = self.optimizer_cls_and_kwargs
+            else:
+                optimizer_cls, optimizer_kwargs = self.get_optimizer_cls_and_kwargs(self.args, opt_model)
+            if any(key in optimizer_kwargs for key in ("params", "model", "optimizer_dict")):
+                # GaLore, LOMO and layer-wise optimizers build their own parameter groups.
+                raise ValueError(
+                    f"--panm_weight_decay needs an optimizer that takes parameter groups; --optim "
+                    f"{self.args.optim} builds its own. Drop --panm_weight_decay or use --optim adamw_torch."
+                )
             self.optimizer = optimizer_cls(
                 [{"params": params, "weight_decay": rate} for rate, params in groups.items()], **optimizer_kwargs
             )
