@@ -50,6 +50,7 @@ def test_smoke_run_writes_finite_perplexity_and_bleu(tmp_path):
         assert math.isfinite(result["test_perplexity"]) and result["test_perplexity"] > 1.0
         assert isinstance(result["test_bleu"], float) and 0.0 <= result["test_bleu"] <= 100.0
         assert len(result["epoch_perplexity"]) == 1
+        assert result["best_epoch_perplexity"] == result["epoch_perplexity"][0]  # the paper's best-over-the-curve
         # the tokenizer trained here is saved with each model
         assert (tmp_path / name / "tokenizer.json").exists() and (tmp_path / name / "config.json").exists()
         # BLEU is decoded with the cache (a config shared between the two models once lost it)

@@ -324,6 +324,8 @@ def run_one(
         for entry in trainer.state.log_history
         if "eval_loss" in entry
     ][:-1]  # the last entry is the final evaluate() above, already in test_perplexity
+    # the paper's figure reports the best test perplexity over the training curve
+    best_epoch = min(epoch_perplexity, key=lambda entry: entry["test_perplexity"], default=None)
 
     trainer.args.predict_with_generate = True
     start = time.time()
@@ -341,6 +343,7 @@ def run_one(
         "test_bleu": bleu.score,
         "bleu_detail": str(bleu),
         "epoch_perplexity": epoch_perplexity,
+        "best_epoch_perplexity": best_epoch,
         "num_parameters": sum(p.numel() for p in model.parameters()),
         "train_seconds": round(train_seconds, 1),
         "generate_seconds": round(generate_seconds, 1),
