@@ -155,3 +155,12 @@ def test_panm_weight_decay_applies_to_panm_weights_only(tmp_path):
     trainer.optimizer_cls_and_kwargs = (torch.optim.AdamW, {"model": model})
     with pytest.raises(ValueError, match="--panm_weight_decay needs an optimizer"):
         trainer.create_optimizer()
+
+
+def test_best_epoch_picks_the_lowest_test_perplexity_not_the_last():
+    from run_translation import best_epoch
+
+    curve = [{"epoch": 1.0, "test_perplexity": 30.0}, {"epoch": 2.0, "test_perplexity": 21.5},
+             {"epoch": 3.0, "test_perplexity": 22.0}]  # fmt: skip
+    assert best_epoch(curve) == {"epoch": 2.0, "test_perplexity": 21.5}
+    assert best_epoch([]) is None

@@ -289,6 +289,11 @@ def model_trainer(
     )
 
 
+def best_epoch(epoch_perplexity: list[dict]) -> dict | None:
+    """The entry of `epoch_perplexity` with the lowest test perplexity (the paper's figure's measure); None if empty."""
+    return min(epoch_perplexity, key=lambda entry: entry["test_perplexity"], default=None)
+
+
 def run_one(
     name: str,
     model_args: ModelArguments,
@@ -324,8 +329,6 @@ def run_one(
         for entry in trainer.state.log_history
         if "eval_loss" in entry
     ][:-1]  # the last entry is the final evaluate() above, already in test_perplexity
-    # the paper's figure reports the best test perplexity over the training curve
-    best_epoch = min(epoch_perplexity, key=lambda entry: entry["test_perplexity"], default=None)
 
     trainer.args.predict_with_generate = True
     start = time.time()
@@ -343,7 +346,7 @@ def run_one(
         "test_bleu": bleu.score,
         "bleu_detail": str(bleu),
         "epoch_perplexity": epoch_perplexity,
-        "best_epoch_perplexity": best_epoch,
+        "best_epoch_perplexity": best_epoch(epoch_perplexity),
         "num_parameters": sum(p.numel() for p in model.parameters()),
         "train_seconds": round(train_seconds, 1),
         "generate_seconds": round(generate_seconds, 1),
