@@ -16,7 +16,7 @@ SCRIPT = ROOT / "examples" / "translation" / "run_translation.py"
 DATA_DIR = ROOT.parent / "shared" / "data" / "multi30k"
 
 sys.path.insert(0, str(SCRIPT.parent))
-from length_split import TranslationPairs, length_split  # noqa: E402
+from length_split import TranslationPairs, hold_out, length_split  # noqa: E402
 
 
 def test_length_split_trains_on_short_and_tests_on_long():
@@ -30,20 +30,35 @@ def test_length_split_trains_on_short_and_tests_on_long():
         length_split(pairs, 1.0)
 
 
+def test_hold_out_splits_off_disjoint_pairs_in_order():
+    sources = [f"s{i}" for i in range(10)]
+    pairs = TranslationPairs(sources, [s.upper() for s in sources])
+    rest, held = hold_out(pairs, 3, seed=0)
+    assert len(rest) == 7 and len(held) == 3
+    assert sorted(rest.sources + held.sources) == sorted(sources)  # a partition: nothing lost, nothing shared
+    assert rest.sources == sorted(rest.sources, key=sources.index)  # original order kept
+    assert held.targets == [s.upper() for s in held.sources]  # pairs stay aligned
+    assert hold_out(pairs, 3, seed=0)[1].sources == held.sources  # seeded
+    assert hold_out(pairs, 3, seed=1)[1].sources != held.sources
+    for bad in (0, 10):
+        with pytest.raises(ValueError, match="--heldout_samples"):
+            hold_out(pairs, bad, seed=0)
+
+
 @pytest.mark.smoke
 @pytest.mark.skipif(not DATA_DIR.is_dir(), reason="shared/data/multi30k is not available")
 def test_smoke_run_writes_finite_perplexity_and_bleu(tmp_path):
     command = [
         sys.executable, str(SCRIPT), "--data_dir", str(DATA_DIR), "--output_dir", str(tmp_path), "--model", "both",
         "--smoke", "--max_pool_samples", "400", "--max_test_samples", "24", "--num_train_epochs", "1",
-        "--report_to", "none", "--disable_tqdm", "true",
+        "--heldout_samples", "20", "--report_to", "none", "--disable_tqdm", "true",
     ]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     completed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert completed.returncode == 0, completed.stderr[-3000:]
 
     summary = json.loads((tmp_path / "results.json").read_text())
-    assert summary["num_train"] == 320 and summary["num_test"] == 24
+    assert summary["num_train"] == 300 and summary["num_heldout"] == 20 and summary["num_test"] == 24
     assert summary["min_test_source_words"] >= summary["max_train_source_words"]
     for name in ("transformer", "panm"):
         result = summary["results"][name]
@@ -51,6 +66,10 @@ def test_smoke_run_writes_finite_perplexity_and_bleu(tmp_path):
         assert isinstance(result["test_bleu"], float) and 0.0 <= result["test_bleu"] <= 100.0
         assert len(result["epoch_perplexity"]) == 1
         assert result["best_epoch_perplexity"] == result["epoch_perplexity"][0]  # the paper's best-over-the-curve
+        # the held-out training-length pairs are scored every epoch and at the end, apart from the test split
+        assert math.isfinite(result["heldout_perplexity"]) and result["heldout_perplexity"] > 1.0
+        assert result["epoch_perplexity"][-1]["heldout_perplexity"] == result["heldout_perplexity"]
+        assert result["epoch_perplexity"][-1]["test_perplexity"] == result["test_perplexity"]
         # the tokenizer trained here is saved with each model
         assert (tmp_path / name / "tokenizer.json").exists() and (tmp_path / name / "config.json").exists()
         # BLEU is decoded with the cache (a config shared between the two models once lost it)

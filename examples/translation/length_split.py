@@ -113,6 +113,22 @@ def length_split(pairs: TranslationPairs, split_ratio: float) -> tuple[Translati
     return pairs.subset(train), pairs.subset(test)
 
 
+def hold_out(pairs: TranslationPairs, num_samples: int, seed: int) -> tuple[TranslationPairs, TranslationPairs]:
+    """Split off a seeded random `num_samples` pairs: `(rest, held_out)`, both in the original order.
+
+    The held-out pairs come from the training split's lengths, so their perplexity separates
+    plain over-fitting from the length shift the test split measures.
+    """
+    if not 0 < num_samples < len(pairs):
+        raise ValueError(
+            f"--heldout_samples must lie between 1 and the training split's size minus 1 ({len(pairs) - 1}); "
+            f"got {num_samples}."
+        )
+    chosen = set(random.Random(seed).sample(range(len(pairs)), num_samples))
+    rest = [i for i in range(len(pairs)) if i not in chosen]
+    return pairs.subset(rest), pairs.subset(sorted(chosen))
+
+
 def sample(pairs: TranslationPairs, max_samples: int | None, seed: int) -> TranslationPairs:
     """A seeded random subset of at most `max_samples` pairs, in the original order."""
     if max_samples is None or max_samples >= len(pairs):

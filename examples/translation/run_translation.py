@@ -28,7 +28,7 @@ import numpy as np
 import sacrebleu
 import torch
 from datasets import Dataset
-from length_split import TranslationPairs, length_split, load_hub_pairs, load_local_pairs, sample
+from length_split import TranslationPairs, hold_out, length_split, load_hub_pairs, load_local_pairs, sample
 from local_tokenizer import train_tokenizer
 from transformers import (
     AutoModelForSeq2SeqLM,
@@ -96,6 +96,13 @@ class DataArguments:
     max_pool_samples: int | None = field(default=None, metadata={"help": "Random subset of the pool before splitting."})
     max_train_samples: int | None = field(default=None, metadata={"help": "Random subset of the training split."})
     max_test_samples: int | None = field(default=None, metadata={"help": "Random subset of the test split."})
+    heldout_samples: int | None = field(
+        default=None,
+        metadata={
+            "help": "Hold this many random training-split pairs out of training and report their perplexity every "
+            "epoch beside the test split's: in-distribution lengths, so over-fitting shows apart from the length shift."
+        },
+    )
     max_source_length: int = field(default=128)
     max_target_length: int = field(default=128)
     smoke: bool = field(default=False, metadata={"help": "Tiny slice and tiny models: a CI run in seconds."})
@@ -305,8 +312,12 @@ def run_one(
     train_dataset: Dataset,
     test_dataset: Dataset,
     test_pairs: TranslationPairs,
+    heldout_dataset: Dataset | None = None,
 ) -> dict:
-    """Train one model, evaluate test perplexity every epoch, then translate the test set for BLEU."""
+    """Train one model, evaluate test perplexity every epoch, then translate the test set for BLEU.
+
+    With `heldout_dataset` (pairs held out of the training split) each epoch also records its perplexity.
+    """
     set_seed(training_args.seed)  # both models start from the same random stream
     model = build_model(name, model_args, panm_args, config)
     num_beams = training_args.generation_num_beams or 1  # beams for the BLEU translations
@@ -315,20 +326,28 @@ def run_one(
     model.generation_config.max_length = max_length
     model.generation_config.num_beams = num_beams
     # per-epoch evaluation: loss only; BLEU once at the end
+    # a dict of eval sets makes Trainer log eval_test_loss / eval_heldout_loss, one entry each
+    eval_sets = test_dataset if heldout_dataset is None else {"test": test_dataset, "heldout": heldout_dataset}
+    test_key = "eval_loss" if heldout_dataset is None else "eval_test_loss"
     trainer = model_trainer(
-        name, model, tokenizer, training_args, train_dataset, test_dataset, generate=False,
+        name, model, tokenizer, training_args, train_dataset, eval_sets, generate=False,
         panm_weight_decay=model_args.panm_weight_decay,
     )  # fmt: skip
     model_dir = trainer.args.output_dir
     start = time.time()
     trainer.train()
     train_seconds = time.time() - start
-    test_loss = trainer.evaluate()["eval_loss"]
-    epoch_perplexity = [
-        {"epoch": entry["epoch"], "test_perplexity": math.exp(entry["eval_loss"])}
-        for entry in trainer.state.log_history
-        if "eval_loss" in entry
-    ][:-1]  # the last entry is the final evaluate() above, already in test_perplexity
+    final_metrics = trainer.evaluate()
+    test_loss = final_metrics[test_key]
+
+    def per_epoch(key: str) -> list[tuple[float, float]]:
+        # the last entry is the final evaluate() above, already in test_perplexity
+        return [(entry["epoch"], math.exp(entry[key])) for entry in trainer.state.log_history if key in entry][:-1]
+
+    epoch_perplexity = [{"epoch": epoch, "test_perplexity": ppl} for epoch, ppl in per_epoch(test_key)]
+    if heldout_dataset is not None:
+        for entry, (_epoch, ppl) in zip(epoch_perplexity, per_epoch("eval_heldout_loss"), strict=True):
+            entry["heldout_perplexity"] = ppl
 
     trainer.args.predict_with_generate = True
     start = time.time()
@@ -347,6 +366,7 @@ def run_one(
         "bleu_detail": str(bleu),
         "epoch_perplexity": epoch_perplexity,
         "best_epoch_perplexity": best_epoch(epoch_perplexity),
+        "heldout_perplexity": None if heldout_dataset is None else math.exp(final_metrics["eval_heldout_loss"]),
         "num_parameters": sum(p.numel() for p in model.parameters()),
         "train_seconds": round(train_seconds, 1),
         "generate_seconds": round(generate_seconds, 1),
@@ -405,10 +425,15 @@ def main(argv: list[str] | None = None) -> dict:
     train_pairs, test_pairs = length_split(pairs, data_args.split_ratio)
     train_pairs = sample(train_pairs, data_args.max_train_samples, training_args.seed)
     test_pairs = sample(test_pairs, data_args.max_test_samples, training_args.seed)
+    heldout_pairs = None
+    if data_args.heldout_samples is not None:
+        train_pairs, heldout_pairs = hold_out(train_pairs, data_args.heldout_samples, training_args.seed)
 
+    # the tokenizer learns from the training pairs only (never the held-out or test ones)
     tokenizer = train_tokenizer(train_pairs.sources + train_pairs.targets, model_args.vocab_size)
     train_dataset = tokenize(train_pairs, tokenizer, data_args)
     test_dataset = tokenize(test_pairs, tokenizer, data_args)
+    heldout_dataset = None if heldout_pairs is None else tokenize(heldout_pairs, tokenizer, data_args)
     max_positions = max(data_args.max_source_length, data_args.max_target_length) + 2
     config = backbone_config(model_args, tokenizer, max_positions)
 
@@ -416,7 +441,7 @@ def main(argv: list[str] | None = None) -> dict:
     results = {
         name: run_one(
             name, model_args, panm_args, data_args, training_args, tokenizer, config, train_dataset, test_dataset,
-            test_pairs,
+            test_pairs, heldout_dataset,
         )
         for name in names
     }
@@ -427,6 +452,7 @@ def main(argv: list[str] | None = None) -> dict:
         "placement": model_args.placement,
         "num_train": len(train_pairs),
         "num_test": len(test_pairs),
+        "num_heldout": 0 if heldout_pairs is None else len(heldout_pairs),
         "max_train_source_words": max(len(s.split()) for s in train_pairs.sources),
         "min_test_source_words": min(len(s.split()) for s in test_pairs.sources),
         "world_size": training_args.world_size,
