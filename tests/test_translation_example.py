@@ -95,6 +95,14 @@ def test_smoke_run_writes_finite_perplexity_and_bleu(tmp_path):
         num_target_tokens = tokens
     assert report["panm without Controller output"]["source_words"]["all"] != report["panm"]["source_words"]["all"]
     assert report["panm without pointer reads"]["source_words"]["all"] != report["panm"]["source_words"]["all"]
+    # PANM's memory cut to K slots: K beyond every test source is the uncut model, a short K is not
+    cut_flags = ["--panm_memory_slots", "200", "2"]
+    cut = ablate_reads.main(["--run_dir", str(tmp_path), "--data_dir", str(DATA_DIR), *cut_flags])
+    assert cut["panm with PANM memory cut to 200 slots"] == report["panm"]
+    assert cut["panm with PANM memory cut to 2 slots"]["source_words"]["all"] != report["panm"]["source_words"]["all"]
+    assert "transformer with PANM memory cut to 2 slots" not in cut
+    with pytest.raises(ValueError, match="--panm_memory_slots"):
+        ablate_reads.main(["--run_dir", str(tmp_path), "--data_dir", str(DATA_DIR), "--panm_memory_slots", "0"])
     # the same run given twice: its models are told apart by directory, and score the same
     twice = ablate_reads.main(["--run_dir", str(tmp_path), str(tmp_path), "--data_dir", str(DATA_DIR)])
     name = f"transformer@{tmp_path.name}"

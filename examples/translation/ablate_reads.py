@@ -9,11 +9,15 @@ the Transformer, PANM as trained, and PANM with the Controller's output removed
 (`hidden_states` set to zero: for `placement="stack"` that is exactly the backbone path,
 for `"residual"` it is `LayerNorm(z_t)`), and, with `content_read="decoder"`, PANM with its
 pointer-based reads (Mode 1 and Mode 2) zeroed but the content read kept. A model whose
-perplexity does not rise without a part has learned to ignore it.
+perplexity does not rise without a part has learned to ignore it. With `--panm_memory_slots K ...`,
+also PANM with its memory cut to the first K real slots of each source (the backbone's
+cross-attention keeps them all): whether PANM's gain or loss at a position comes from the slots
+beyond the training lengths.
 
     python examples/translation/ablate_reads.py --run_dir runs/mt --data_dir ../shared/data/multi30k
     python examples/translation/ablate_reads.py --run_dir runs/mt_transformer runs/mt_panm --data_dir ... \
         --output ablation.json
+    python examples/translation/ablate_reads.py --run_dir runs/mt --data_dir ... --panm_memory_slots 16 24
 
 Several run directories must share one test split (same split ratio, test-sample count and seed);
 a model name that repeats across them is suffixed with `@<directory name>`.
@@ -131,12 +135,43 @@ def ablations(name: str, model, tokenizer, pairs, data_args) -> dict:
     return report
 
 
+def cut_memory(name: str, model, tokenizer, pairs, data_args, slots: list[int]) -> dict:
+    """A PANM model scored with PANM's memory cut to the first `k` real slots of each source, for each `k`.
+
+    Only PANM's binding changes (its Pointer Units, Mode 2, content read and `h^c_0` see `k` slots);
+    the encoder and the backbone's cross-attention still see the whole source.
+    """
+    panm, report = model.panm, {}
+    for k in slots:
+
+        def bind(memory_states, attention_mask=None, k=k, **kwargs):
+            if attention_mask is None:
+                attention_mask = torch.ones(memory_states.shape[:2], dtype=torch.long, device=memory_states.device)
+            rank = (attention_mask != 0).long().cumsum(dim=-1)  # (batch, slots): 1-based rank of each real slot
+            kept = torch.where(rank <= k, attention_mask, torch.zeros_like(attention_mask))
+            return type(panm).bind(panm, memory_states, kept, **kwargs)
+
+        panm.bind = bind  # the instance attribute shadows the method for this score only
+        try:
+            report[f"{name} with PANM memory cut to {k} slots"] = score(model, tokenizer, pairs, data_args)
+        finally:
+            del panm.bind
+    return report
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--run_dir", required=True, nargs="+", help="--output_dir of run_translation.py runs")
     parser.add_argument("--data_dir", required=True, help="Multi30K folder the runs used")
     parser.add_argument("--output", default=None, help="Also write the tables to this JSON file")
+    parser.add_argument(
+        "--panm_memory_slots", type=int, nargs="*", default=[],
+        help="Also score each PANM model with PANM's memory cut to the first K real source slots (cross-attention "
+        "keeps all)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
+    if any(k < 1 for k in args.panm_memory_slots):
+        raise ValueError(f"--panm_memory_slots must be >= 1 (got {args.panm_memory_slots}); PANM needs a real slot.")
     summaries = []
     for run_dir in args.run_dir:
         with open(os.path.join(run_dir, "results.json")) as handle:
@@ -158,6 +193,8 @@ def main(argv: list[str] | None = None) -> dict:
             tokenizer = AutoTokenizer.from_pretrained(model_dir)
             label = name if names.count(name) == 1 else f"{name}@{os.path.basename(os.path.normpath(run_dir))}"
             report.update(ablations(label, model, tokenizer, pairs, data_args))
+            if hasattr(model, "panm"):
+                report.update(cut_memory(label, model, tokenizer, pairs, data_args, args.panm_memory_slots))
     for name, tables in report.items():
         for kind, table in tables.items():
             print(f"{name} [{kind}]", {bucket: row["perplexity"] for bucket, row in table.items()})
