@@ -9,8 +9,27 @@ from __future__ import annotations
 
 import torch
 from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
+from transformers.modeling_outputs import Seq2SeqLMOutput
 
 from .state import AddressedMemory, PanmState
+
+# transformers 5.24 renamed the cache argument and output field `past_key_values` to `cache`
+# (the old name is deprecated, to go in 5.40): `generate()` passes the cache under this name,
+# and the backbones take it under it.
+BACKBONE_CACHE_KWARG = "cache" if "cache" in Seq2SeqLMOutput.__dataclass_fields__ else "past_key_values"
+
+
+def pop_cache_argument(past_key_values: Cache | None, kwargs: dict) -> Cache | None:
+    """The cache a forward was given, under either name (`cache`, transformers >= 5.24, or `past_key_values`).
+
+    Removes `cache` from `kwargs`; a ValueError when both names carry one.
+    """
+    cache = kwargs.pop("cache", None)
+    if cache is not None and past_key_values is not None:
+        raise ValueError(
+            "Got both `cache` and `past_key_values`; pass the cache once (as `cache` on transformers >= 5.24)."
+        )
+    return cache if cache is not None else past_key_values
 
 
 def _is_empty_dynamic(cache: EncoderDecoderCache) -> bool:

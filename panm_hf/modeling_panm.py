@@ -21,7 +21,7 @@ from transformers import AutoModelForSeq2SeqLM, GenerationMixin, PreTrainedConfi
 from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput
 
 from .backbones import get_path, seq2seq_parts, without_last_layer
-from .cache_panm import PanmCache
+from .cache_panm import BACKBONE_CACHE_KWARG, PanmCache, pop_cache_argument
 from .configuration_panm import PanmConfig
 from .memory import PanmMemory
 from .state import PanmState
@@ -288,7 +288,8 @@ class PanmForSeq2SeqLM(PanmPreTrainedModel, GenerationMixin):
                 by the backbone's own shift when omitted.
             encoder_outputs: precomputed encoder outputs (as `generate()` passes them).
             past_key_values: a `PanmCache` (any backbone cache is upgraded to one) holding the
-                backbone's KV cache and PANM's state for incremental decoding.
+                backbone's KV cache and PANM's state for incremental decoding; also accepted as
+                `cache`, its name from transformers 5.24 on.
             labels: target tokens; `-100` is ignored by the loss.
             base_address: `(batch,)` PANM base addresses; default random in training, 0 in eval.
             output_attentions: also return PANM's address and Mode-2 attention maps.
@@ -315,6 +316,7 @@ class PanmForSeq2SeqLM(PanmPreTrainedModel, GenerationMixin):
         projection = get_path(self.backbone, self.parts.encoder_to_decoder)
         cross_states = projection(memory_states) if projection is not None else memory_states
 
+        past_key_values = pop_cache_argument(past_key_values, kwargs)
         cache = PanmCache.from_cache(past_key_values) if use_cache else None
         past_length = cache.get_seq_length() if cache is not None else 0
         decoder_outputs = self.get_decoder()(
@@ -323,7 +325,7 @@ class PanmForSeq2SeqLM(PanmPreTrainedModel, GenerationMixin):
             encoder_hidden_states=cross_states,
             encoder_attention_mask=attention_mask,
             inputs_embeds=decoder_inputs_embeds,
-            past_key_values=cache,
+            **{BACKBONE_CACHE_KWARG: cache},
             use_cache=use_cache,
             **extra,
         )
@@ -362,7 +364,7 @@ class PanmForSeq2SeqLM(PanmPreTrainedModel, GenerationMixin):
         output = PanmSeq2SeqLMOutput(
             loss=loss,
             logits=logits,
-            past_key_values=cache,
+            **{BACKBONE_CACHE_KWARG: cache},
             decoder_hidden_states=getattr(decoder_outputs, "hidden_states", None),
             decoder_attentions=getattr(decoder_outputs, "attentions", None),
             cross_attentions=getattr(decoder_outputs, "cross_attentions", None),

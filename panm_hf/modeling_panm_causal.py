@@ -36,7 +36,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, GenerationMixin, PreT
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from .backbones import causal_parts, get_path
-from .cache_panm import PanmDynamicCache
+from .cache_panm import BACKBONE_CACHE_KWARG, PanmDynamicCache, pop_cache_argument
 from .configuration_panm import PanmConfig
 from .memory import PanmMemory, PanmMemoryOutput
 from .modeling_panm import PanmPreTrainedModel
@@ -209,13 +209,15 @@ class PanmForCausalLM(PanmPreTrainedModel, GenerationMixin):
                 is neither attended by the backbone nor PANM memory.
             position_ids: passed to the backbone (`generate()` derives them from the mask).
             past_key_values: a `PanmDynamicCache` (a plain `DynamicCache` is upgraded to one) holding
-                the backbone's KV cache and PANM's state and memory.
+                the backbone's KV cache and PANM's state and memory; also accepted as `cache`, its
+                name from transformers 5.24 on.
             labels: `(batch, length)` targets aligned with `input_ids` (shifted inside, as in HF causal
                 LMs); `-100` is ignored by the loss.
             base_address: `(batch,)` PANM base addresses; default random in training, 0 in eval.
             output_attentions: also return PANM's address and Mode-2 attention maps.
         """
         return_dict = return_dict if return_dict is not None else self.config.return_dict
+        past_key_values = pop_cache_argument(past_key_values, kwargs)
         if labels is not None and past_key_values is None:
             use_cache = False
         use_cache = use_cache if use_cache is not None else getattr(self.config.text_config, "use_cache", True)
@@ -227,7 +229,7 @@ class PanmForCausalLM(PanmPreTrainedModel, GenerationMixin):
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            past_key_values=cache,
+            **{BACKBONE_CACHE_KWARG: cache},
             inputs_embeds=inputs_embeds,
             use_cache=use_cache,
             **extra,
@@ -270,7 +272,7 @@ class PanmForCausalLM(PanmPreTrainedModel, GenerationMixin):
         output = PanmCausalLMOutputWithPast(
             loss=loss,
             logits=logits,
-            past_key_values=cache,
+            **{BACKBONE_CACHE_KWARG: cache},
             hidden_states=getattr(body_outputs, "hidden_states", None),
             attentions=getattr(body_outputs, "attentions", None),
             address_attentions=panm_output.address_attentions,

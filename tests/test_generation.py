@@ -183,6 +183,23 @@ def test_step_by_step_logits_equal_teacher_forcing(model_type, placement, varian
     torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=0)
 
 
+def test_cache_is_taken_under_either_name():
+    """transformers 5.24 renamed `past_key_values` to `cache`: both names decode alike; both at once is an error."""
+    model = build_model("bart", "residual", "shift")
+    input_ids, attention_mask = source_batch()
+    source = {"input_ids": input_ids, "attention_mask": attention_mask, "use_cache": True}
+    start = torch.full((3, 1), model.config.decoder_start_token_id)  # (batch, 1)
+    logits_by_name = []
+    with torch.no_grad():
+        for name in ("past_key_values", "cache"):
+            cache = model(**source, decoder_input_ids=start).past_key_values  # a fresh PanmCache per name
+            logits_by_name.append(model(**source, decoder_input_ids=start + 1, **{name: cache}).logits)
+        with pytest.raises(ValueError, match="both `cache` and `past_key_values`"):
+            model(**source, decoder_input_ids=start + 1, cache=cache, past_key_values=cache)
+    assert cache.panm_steps == 2
+    torch.testing.assert_close(logits_by_name[0], logits_by_name[1], atol=0, rtol=0)
+
+
 @pytest.mark.parametrize("model_type,placement", [("bart", "replace"), ("t5", "stack")])
 def test_sampling_with_seed_is_reproducible_and_valid(model_type, placement):
     model = build_model(model_type, placement)
