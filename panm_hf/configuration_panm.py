@@ -73,6 +73,12 @@ class PanmConfig(PreTrainedConfig, PanmMemoryConfig):
         PanmMemoryConfig.validate(self)
         if self.placement not in PLACEMENTS:
             raise ValueError(f"placement={self.placement!r} is not supported; choose one of {PLACEMENTS}.")
+        if self.placement == "replace" and self.panm_drop_path > 0:
+            # "replace" feeds the logits from the Controller alone: a dropped sample would predict from zeros.
+            raise ValueError(
+                f"panm_drop_path={self.panm_drop_path} needs a backbone path beside PANM's output; with "
+                'placement="replace" there is none. Use placement="stack" or "residual", or panm_drop_path=0.'
+            )
 
     def validate(self) -> None:
         """PreTrainedConfig's checks (run by `save_pretrained`) and PANM's."""

@@ -207,6 +207,12 @@ def test_config_errors_name_the_field():
                                                            num_attention_heads=2, intermediate_size=8)))
     with pytest.raises(ValueError, match="placement"):
         PanmConfig(text_config=BACKBONES["bart"](), placement="middle")
+    # "replace" has no backbone path for a sample whose PANM output is dropped
+    with pytest.raises(ValueError, match="panm_drop_path=0.5 needs a backbone path"):
+        PanmConfig(text_config=BACKBONES["bart"](), placement="replace", panm_drop_path=0.5)
+    for placement in ("stack", "residual"):
+        config = PanmConfig(text_config=BACKBONES["bart"](), placement=placement, panm_drop_path=0.5)
+        assert config.panm_drop_path == 0.5
     with pytest.raises(ValueError, match="address_bits"):
         PanmConfig(text_config=BACKBONES["bart"](), address_bits=0)
     with pytest.raises(ValueError, match="content_read"):

@@ -75,7 +75,8 @@ def test_smoke_run_writes_finite_perplexity_and_bleu(tmp_path):
         # BLEU is decoded with the cache (a config shared between the two models once lost it)
         assert json.loads((tmp_path / name / "generation_config.json").read_text())["use_cache"] is True
     assert summary["results"]["panm"]["num_parameters"] != summary["results"]["transformer"]["num_parameters"]
-    assert summary["placement"] == "residual"  # the example's default: the measured best integration
+    # the example's defaults, the measured best integration: the whole backbone kept, PANM's output drop-pathed
+    assert summary["placement"] == "stack" and summary["model_args"]["panm_drop_path"] == 0.5
 
     # ablate_reads.py rebuilds the same test split from results.json and scores the saved models
     import ablate_reads
@@ -191,3 +192,22 @@ def test_best_epoch_picks_the_lowest_test_perplexity_not_the_last():
              {"epoch": 3.0, "test_perplexity": 22.0}]  # fmt: skip
     assert best_epoch(curve) == {"epoch": 2.0, "test_perplexity": 21.5}
     assert best_epoch([]) is None
+
+
+@pytest.mark.parametrize("from_json", [False, True])
+def test_example_defaults_apply_to_flags_and_json_and_yield_to_what_is_given(tmp_path, from_json):
+    from run_translation import parse_arguments
+
+    given = {"output_dir": str(tmp_path), "pointer_update": "attention", "seed": 7}
+    if from_json:
+        path = tmp_path / "args.json"
+        path.write_text(json.dumps(given))
+        argv = [str(path)]
+    else:
+        argv = [f"--{key}={value}" for key, value in given.items()]
+    model_args, panm_args, _, training_args = parse_arguments(argv)
+    # the example's defaults (a JSON file once fell back to PanmMemoryConfig's, the paper's)
+    assert model_args.placement == "stack" and panm_args.panm_drop_path == 0.5
+    assert panm_args.content_read == "decoder"
+    # what is given wins over them
+    assert panm_args.pointer_update == "attention" and training_args.seed == 7
