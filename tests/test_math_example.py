@@ -60,7 +60,7 @@ def test_read_pairs_names_the_file_on_bad_input(tmp_path):
 def test_smoke_run_scores_both_models_on_both_sets(tmp_path):
     command = [
         sys.executable, str(SCRIPT), "--data_dir", str(DATA_DIR), "--module", "add_or_sub", "--output_dir",
-        str(tmp_path), "--model", "both", "--smoke", "--placement", "residual", "--content_read", "decoder",
+        str(tmp_path), "--model", "both", "--smoke",
         "--report_to", "none", "--disable_tqdm", "true",
     ]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -68,7 +68,9 @@ def test_smoke_run_scores_both_models_on_both_sets(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((tmp_path / "results.json").read_text())
     assert summary["module"] == "add_or_sub" and summary["num_eval"] == {"interpolate": 16, "extrapolate": 16}
-    assert summary["model_args"]["placement"] == "residual"
+    # the example's defaults, the measured best on place_value: the whole backbone kept, PANM drop-pathed
+    assert summary["model_args"]["placement"] == "stack" and summary["model_args"]["panm_drop_path"] == 0.5
+    assert summary["model_args"]["content_read"] == "decoder"
     for name in ("transformer", "panm"):
         result = summary["results"][name]
         for split in ("interpolate", "extrapolate"):

@@ -6,7 +6,7 @@ Saxton et al.'s `add_or_sub` and `place_value` modules, character level, as in C
 by exact match of greedy answers on the `interpolate` set (numbers as in training) and the
 `extrapolate` set (larger numbers, longer questions). Both models share the backbone config, the
 character vocabulary, the data order, the seed and the step budget; the PANM model is the same
-backbone with the Controller as its last decoder layer (`--placement`, see `PanmConfig`).
+backbone with PANM plugged into its decoder (`--placement`, default `stack` with `--panm_drop_path 0.5`).
 
     python examples/math/run_math.py --data_dir ../shared/data/math --module place_value \
         --output_dir runs/math_pv --model both --smoke --report_to none
@@ -37,8 +37,8 @@ from panm_hf import PanmMemoryConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "translation"))
 from run_translation import (  # noqa: E402
+    MEASURED_BEST_FLAGS,
     MODELS,
-    RECOMMENDED_PANM_FLAGS,
     apply_smoke,
     backbone_config,
     build_model,
@@ -167,7 +167,7 @@ def run_one(
 
 def main(argv: list[str] | None = None) -> dict:
     parser = HfArgumentParser((ModelArguments, PanmMemoryConfig, DataArguments, Seq2SeqTrainingArguments))
-    parser.set_defaults(**RECOMMENDED_PANM_FLAGS)
+    parser.set_defaults(**MEASURED_BEST_FLAGS)
     model_args, panm_args, data_args, training_args = parser.parse_args_into_dataclasses(args=argv)
     if data_args.smoke:
         apply_smoke(SMOKE_OVERRIDES, model_args, panm_args, data_args, training_args)

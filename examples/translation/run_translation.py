@@ -52,10 +52,10 @@ BACKBONES = ("marian", "bart", "t5")
 # PANM flags whose example default is the measured best for a Transformer trained from scratch
 # (docs/results/transformer_integration.md); PanmMemoryConfig's own defaults are the paper's.
 RECOMMENDED_PANM_FLAGS = {"content_read": "decoder", "pointer_update": "shift"}
-# This example's defaults on top: the whole backbone kept (`stack`) and PANM's output dropped for half
-# of each batch's samples in training, the measured best on Multi30K (section 12 of that page); the
-# math and bAbI examples keep `residual`, measured there.
-TRANSLATION_DEFAULTS = {**RECOMMENDED_PANM_FLAGS, "placement": "stack", "panm_drop_path": 0.5}
+# This example's and the math example's defaults on top: the whole backbone kept (`stack`) and PANM's
+# output dropped for half of each batch's samples in training, the measured best on Multi30K (section
+# 12 of that page) and on place_value (docs/RESULTS.md); the bAbI example keeps `residual`.
+MEASURED_BEST_FLAGS = {**RECOMMENDED_PANM_FLAGS, "placement": "stack", "panm_drop_path": 0.5}
 
 
 @dataclass
@@ -76,7 +76,7 @@ class ModelArguments:
         default="residual",
         metadata={
             "help": "PANM placement: residual, replace (paper) or stack (see PanmConfig); the translation "
-            "example defaults to stack (with --panm_drop_path 0.5), the math and bAbI examples to residual."
+            "and math examples default to stack (with --panm_drop_path 0.5), the bAbI example to residual."
         },
     )
     vocab_size: int = field(default=8000, metadata={"help": "Joint BPE vocabulary size of the local tokenizer."})
@@ -406,14 +406,14 @@ def plot_perplexity(results: dict, path: str, title: str) -> None:
 def parse_arguments(argv: list[str]) -> tuple:
     """The four argument dataclasses from command-line flags, or from one JSON file (`run_translation.py args.json`).
 
-    The example's defaults (`TRANSLATION_DEFAULTS`) apply either way; a flag or JSON key given wins.
+    The example's defaults (`MEASURED_BEST_FLAGS`) apply either way; a flag or JSON key given wins.
     """
     parser = HfArgumentParser((ModelArguments, PanmMemoryConfig, DataArguments, Seq2SeqTrainingArguments))
-    parser.set_defaults(**TRANSLATION_DEFAULTS)
+    parser.set_defaults(**MEASURED_BEST_FLAGS)
     if len(argv) == 1 and argv[0].endswith(".json"):
         with open(os.path.abspath(argv[0]), encoding="utf-8") as handle:
             given = json.load(handle)
-        return parser.parse_dict({**TRANSLATION_DEFAULTS, **given})  # parse_dict alone ignores set_defaults
+        return parser.parse_dict({**MEASURED_BEST_FLAGS, **given})  # parse_dict alone ignores set_defaults
     return parser.parse_args_into_dataclasses(args=argv)
 
 
