@@ -82,7 +82,7 @@ class PanmMemoryConfig:
             (set to zero; kept outputs are scaled by `1 / (1 - p)`), stochastic depth on PANM's branch.
             Meant for `placement="stack"`/`"residual"`, where the backbone's own path then has to stay
             good alone instead of co-adapting with PANM (`PanmConfig` refuses it with `"replace"`);
-            no effect in eval. 0 disables it. 0.5 with `"stack"` is the translation example's default.
+            no effect in eval. 0 disables it. 0.5 with `"stack"` is the translation and math examples' default.
         recurrence_kernel (`str`, *optional*, defaults to `"auto"`):
             how PANM's two recurrences, the Pointer-Unit loop and the Controller GRU, run (speed only; the
             results agree to rounding). `"eager"`: one step at a time in PyTorch ops and `nn.GRU` (the
