@@ -338,6 +338,54 @@ def test_window_lengths_counts_the_windows_run_qa_trains_on(squad_dir):
     assert report["test"]["token_length_percentiles_5_50_95_100"][-1] <= 32
 
 
+def test_length_buckets_scores_each_model_on_the_questions_beyond_the_training_windows(squad_dir, tmp_path):
+    from length_buckets import longest_window
+    from length_buckets import main as length_buckets_main
+
+    root, data_file, tokenizer = squad_dir  # at 64 tokens, 12 of the 14 test questions outgrow training
+    train, test = length_split(load_squad_examples(data_file), 0.5)
+    longest = longest_window(test, tokenizer, max_seq_length=64, doc_stride=16)
+    batch = {key: [ex[key] for ex in test] for key in test[0]}
+    windows = prepare_validation_features(batch, tokenizer, max_seq_length=64, doc_stride=16,
+                                          pad_to_max_length=False)
+    for question, example in enumerate(test):  # the longest of exactly this question's windows
+        own = [len(ids) for ids, owner in zip(windows["input_ids"], windows["example_id"]) if owner == example["id"]]
+        assert longest[question] == max(own)
+    longest_train = int(longest_window(train, tokenizer, max_seq_length=64, doc_stride=16).max())
+    beyond_ids = {ex["id"] for ex, length in zip(test, longest) if length > longest_train}
+
+    # "oracle" answers every question right, "half" only those within the training windows
+    oracle = {ex["id"]: ex["answers"]["text"][0] for ex in test}
+    half = {key: ("" if key in beyond_ids else text) for key, text in oracle.items()}
+    paths = {}
+    for name, answers in (("oracle", oracle), ("half", half)):
+        paths[name] = tmp_path / f"{name}.json"
+        paths[name].write_text(json.dumps(answers))
+    common = ["--data_file", str(data_file), "--model_name_or_path", str(root / "model"), "--train_fraction", "0.5",
+              "--max_seq_length", "64", "--doc_stride", "16", "--num_quantiles", "2"]
+    report = length_buckets_main(common + ["--predictions", f"oracle={paths['oracle']}", f"half={paths['half']}",
+                                           "--output_file", str(tmp_path / "report.json")])
+    assert json.loads((tmp_path / "report.json").read_text()) == report
+    within, beyond = (report["buckets"][key] for key in ("all windows within the training range",
+                                                         "a window longer than every training window"))
+    assert beyond["questions"] == len(beyond_ids) > 0 and within["questions"] == len(test) - len(beyond_ids) > 0
+    assert within["oracle"]["exact_match"] == within["half"]["exact_match"] == 100.0
+    assert beyond["oracle"]["exact_match"] == 100.0 and beyond["half"]["exact_match"] == 0.0
+    assert report["all questions"]["half"]["exact_match"] == pytest.approx(100.0 * within["questions"] / len(test),
+                                                                           abs=0.01)
+    quantiles = [entry for key, entry in report["buckets"].items() if key.startswith("context words")]
+    assert len(quantiles) == 2 and sum(entry["questions"] for entry in quantiles) == len(test)
+
+    paths["other"] = tmp_path / "other.json"
+    paths["other"].write_text(json.dumps({"not-a-question": "x"}))
+    with pytest.raises(ValueError, match="different questions"):
+        length_buckets_main(common + ["--predictions", f"oracle={paths['oracle']}", f"other={paths['other']}"])
+    with pytest.raises(ValueError, match="not in this split"):
+        length_buckets_main(common + ["--predictions", f"other={paths['other']}"])
+    with pytest.raises(ValueError, match="name=path"):
+        length_buckets_main(common + ["--predictions", str(paths["oracle"])])
+
+
 def test_postprocess_skips_question_tokens_and_long_spans():
     examples = [{"id": "a", "context": "red cat blue dog"}]
     # tokens: [CLS] q [SEP] red cat blue dog [SEP]; only 3..6 are context tokens
