@@ -14,13 +14,13 @@ and on quantiles of context length in words, so a gain can be placed.
 
 from __future__ import annotations
 
-import argparse
 import json
 
 import numpy as np
 from squad_metric import squad_scores
 from transformers import AutoTokenizer
 from utils_qa import _tokenize_windows, length_split, load_squad_examples
+from window_lengths import split_parser
 
 
 def longest_window(examples: list[dict], tokenizer, max_seq_length: int, doc_stride: int) -> np.ndarray:
@@ -68,12 +68,7 @@ def score_buckets(buckets: dict[str, list[dict]], predictions: dict[str, dict[st
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--data_file", required=True)
-    parser.add_argument("--model_name_or_path", required=True, help="a tokenizer folder or Hub id")
-    parser.add_argument("--train_fraction", type=float, default=0.8)
-    parser.add_argument("--max_seq_length", type=int, default=384)
-    parser.add_argument("--doc_stride", type=int, default=128)
+    parser = split_parser(__doc__.split("\n")[0])
     parser.add_argument("--predictions", nargs="+", required=True, help="name=path of run_qa's predictions.json")
     parser.add_argument("--num_quantiles", type=int, default=4, help="context-length buckets (in words)")
     parser.add_argument("--output_file", default=None, help="also write the report here (JSON)")

@@ -39,14 +39,19 @@ def describe(lengths: np.ndarray, num_questions: int, max_seq_length: int) -> di
     }
 
 
-def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def split_parser(description: str) -> argparse.ArgumentParser:
+    """The flags that name a split and its windowing, as run_qa.py takes them (shared with length_buckets.py)."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--data_file", required=True)
     parser.add_argument("--model_name_or_path", required=True, help="a tokenizer folder or Hub id")
     parser.add_argument("--train_fraction", type=float, default=0.8)
     parser.add_argument("--max_seq_length", type=int, default=384)
     parser.add_argument("--doc_stride", type=int, default=128)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = split_parser(__doc__.split("\n")[0]).parse_args(argv)
     tokenizer = AutoTokenizer.from_pretrained(args.model_name_or_path)
     train, test = length_split(load_squad_examples(args.data_file), args.train_fraction)
     report = {"train_fraction": args.train_fraction, "max_seq_length": args.max_seq_length}
