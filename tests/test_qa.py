@@ -384,6 +384,20 @@ def test_length_buckets_scores_each_model_on_the_questions_beyond_the_training_w
         length_buckets_main(common + ["--predictions", f"other={paths['other']}"])
     with pytest.raises(ValueError, match="name=path"):
         length_buckets_main(common + ["--predictions", str(paths["oracle"])])
+    with pytest.raises(ValueError, match="twice"):
+        length_buckets_main(common + ["--predictions", f"a={paths['oracle']}", f"a={paths['half']}"])
+    (tmp_path / "broken.json").write_text("{not json")
+    with pytest.raises(ValueError, match="broken.json"):
+        length_buckets_main(common + ["--predictions", f"a={tmp_path / 'broken.json'}"])
+    (tmp_path / "list.json").write_text("[1, 2]")
+    with pytest.raises(ValueError, match="answer strings"):
+        length_buckets_main(common + ["--predictions", f"a={tmp_path / 'list.json'}"])
+
+    # more quantiles than distinct context lengths: empty ones are skipped, none overwrites another
+    many = length_buckets_main(common[:-1] + ["20", "--predictions", f"oracle={paths['oracle']}"])
+    quantiles = [entry for key, entry in many["buckets"].items() if key.startswith("context words")]
+    assert 0 < len(quantiles) < 20 and all(entry["questions"] > 0 for entry in quantiles)
+    assert sum(entry["questions"] for entry in quantiles) == len(test)
 
 
 def test_postprocess_skips_question_tokens_and_long_spans():

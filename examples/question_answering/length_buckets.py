@@ -19,18 +19,15 @@ import json
 import numpy as np
 from squad_metric import squad_scores
 from transformers import AutoTokenizer
-from utils_qa import _tokenize_windows, length_split, load_squad_examples
-from window_lengths import split_parser
+from utils_qa import length_split, load_squad_examples
+from window_lengths import split_parser, window_lengths, windows_with_owners
 
 
 def longest_window(examples: list[dict], tokenizer, max_seq_length: int, doc_stride: int) -> np.ndarray:
     """Per question, the token count of its longest window, windowed exactly as run_qa.py does."""
-    batch = {"question": [example["question"] for example in examples],
-             "context": [example["context"] for example in examples]}  # fmt: skip
-    encoded = _tokenize_windows(batch, tokenizer, max_seq_length, doc_stride, pad_to_max_length=False)
-    lengths = np.array([len(ids) for ids in encoded["input_ids"]])  # (windows,)
+    lengths, owners = windows_with_owners(examples, tokenizer, max_seq_length, doc_stride)  # (windows,) each
     longest = np.zeros(len(examples), dtype=np.int64)  # (questions,)
-    np.maximum.at(longest, np.asarray(encoded["overflow_to_sample_mapping"]), lengths)
+    np.maximum.at(longest, owners, lengths)
     return longest
 
 
@@ -43,8 +40,22 @@ def read_predictions(specs: list[str]) -> dict[str, dict[str, str]]:
             raise ValueError(
                 f"--predictions takes name=path pairs (e.g. bert=runs/qa/bert/predictions.json); got {spec!r}."
             )
-        with open(path, encoding="utf-8") as handle:
-            predictions[name] = json.load(handle)
+        if name in predictions:
+            raise ValueError(f"--predictions names {name!r} twice; give each run its own name.")
+        try:
+            with open(path, encoding="utf-8") as handle:
+                answers = json.load(handle)
+        except (OSError, json.JSONDecodeError) as error:
+            raise ValueError(
+                f"--predictions {spec!r}: cannot read {path} as JSON ({error}); pass run_qa's "
+                "<output_dir>/<model>/predictions.json."
+            ) from error
+        if not isinstance(answers, dict) or not all(isinstance(text, str) for text in answers.values()):
+            raise ValueError(
+                f"--predictions {spec!r}: {path} must map question ids to answer strings, "
+                "as run_qa's predictions.json does."
+            )
+        predictions[name] = answers
     ids = [set(answers) for answers in predictions.values()]
     if any(other != ids[0] for other in ids[1:]):
         raise ValueError(
@@ -87,7 +98,7 @@ def main(argv: list[str] | None = None) -> dict:
             "--data_file and --train_fraction."
         )
 
-    longest_train = int(longest_window(train, tokenizer, args.max_seq_length, args.doc_stride).max())
+    longest_train = int(window_lengths(train, tokenizer, args.max_seq_length, args.doc_stride).max())
     longest_test = longest_window(test, tokenizer, args.max_seq_length, args.doc_stride)
     beyond = longest_test > longest_train  # (questions,) True where a window is longer than every training one
     buckets = {
@@ -97,10 +108,11 @@ def main(argv: list[str] | None = None) -> dict:
     words = np.array([len(example["context"].split()) for example in test])
     edges = np.quantile(words, np.linspace(0.0, 1.0, args.num_quantiles + 1))
     which = np.clip(np.searchsorted(edges, words, side="right") - 1, 0, args.num_quantiles - 1)
-    for quantile in range(args.num_quantiles):
-        members = [example for example, slot in zip(test, which) if slot == quantile]
-        span = [len(example["context"].split()) for example in members] or [0]
-        buckets[f"context words {min(span)}-{max(span)}"] = members
+    for quantile in range(args.num_quantiles):  # tied word counts can leave a quantile empty: skipped
+        inside = which == quantile  # (questions,)
+        if inside.any():
+            members = [example for example, keep in zip(test, inside) if keep]
+            buckets[f"context words {words[inside].min()}-{words[inside].max()}"] = members
 
     report = {
         "train_fraction": args.train_fraction, "max_seq_length": args.max_seq_length,

@@ -21,12 +21,21 @@ from transformers import AutoTokenizer
 from utils_qa import _tokenize_windows, length_split, load_squad_examples
 
 
-def window_lengths(examples: list[dict], tokenizer, max_seq_length: int, doc_stride: int) -> np.ndarray:
-    """Token count (padding excluded) of every window of `examples`, windowed exactly as run_qa.py does."""
+def windows_with_owners(
+    examples: list[dict], tokenizer, max_seq_length: int, doc_stride: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """`(lengths, owners)`, both `(windows,)`: every window's token count (padding excluded) and the index of
+    the question it belongs to, windowed exactly as run_qa.py does."""
     batch = {"question": [example["question"] for example in examples],
              "context": [example["context"] for example in examples]}  # fmt: skip
     encoded = _tokenize_windows(batch, tokenizer, max_seq_length, doc_stride, pad_to_max_length=False)
-    return np.array([len(ids) for ids in encoded["input_ids"]])
+    lengths = np.array([len(ids) for ids in encoded["input_ids"]])
+    return lengths, np.asarray(encoded["overflow_to_sample_mapping"])
+
+
+def window_lengths(examples: list[dict], tokenizer, max_seq_length: int, doc_stride: int) -> np.ndarray:
+    """Token count (padding excluded) of every window of `examples`, windowed exactly as run_qa.py does."""
+    return windows_with_owners(examples, tokenizer, max_seq_length, doc_stride)[0]
 
 
 def describe(lengths: np.ndarray, num_questions: int, max_seq_length: int) -> dict:
