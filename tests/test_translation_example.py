@@ -211,3 +211,57 @@ def test_example_defaults_apply_to_flags_and_json_and_yield_to_what_is_given(tmp
     assert panm_args.content_read == "decoder"
     # what is given wins over them
     assert panm_args.pointer_update == "attention" and training_args.seed == 7
+
+
+def test_no_pointer_reads_control_trains_panm_without_its_pointers():
+    import torch
+    from controls import apply_control
+    from run_translation import ModelArguments, build_model, validate_model_args
+    from transformers import BartConfig
+
+    from panm_hf import PanmMemoryConfig
+
+    text_config = BartConfig(
+        vocab_size=40, d_model=16, encoder_layers=1, decoder_layers=2, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=32,
+    )  # fmt: skip
+    panm_args = PanmMemoryConfig(pointer_hidden_size=8, controller_hidden_size=8, mlp_hidden_size=8,
+                                 content_read="decoder", panm_drop_path=0.5)  # fmt: skip
+    batch = {
+        "input_ids": torch.tensor([[5, 6, 7, 8, 2], [9, 10, 11, 2, 1]]),
+        "attention_mask": torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 1, 0]]),
+        "labels": torch.tensor([[12, 13, 14, 2], [15, 16, 2, -100]]),
+    }
+
+    def logits_before_and_after_moving_the_pointers(control):
+        torch.manual_seed(0)
+        model = build_model("panm", ModelArguments(placement="stack", control=control), panm_args, text_config)
+        # `stack` zero-initialises g^o's last layer, which would hide PANM's branch from the logits
+        torch.nn.init.normal_(model.panm.controller.output_mlp[-1].weight)
+        model.eval()
+        before = model(**batch).logits
+        with torch.no_grad():  # move the Pointer Units and the Mode-2 query: a different set of pointer reads
+            for parameter in [*model.panm.pointer_units.parameters(), *model.panm.mode2_reader.parameters()]:
+                parameter.add_(torch.randn_like(parameter))
+        return model, before, model(**batch).logits
+
+    model, before, after = logits_before_and_after_moving_the_pointers("no_pointer_reads")
+    torch.testing.assert_close(after, before)  # the control's output does not see the pointers
+    model.train()
+    model(**batch).loss.backward()
+    pointer_grads = [p.grad for p in model.panm.pointer_units.parameters()]
+    assert all(g is None or not g.any() for g in pointer_grads)
+    assert model.panm.controller.gru.weight_ih_l0.grad.any()  # the rest of PANM's branch still learns
+    _, before, after = logits_before_and_after_moving_the_pointers(None)
+    assert not torch.allclose(after, before)  # without the control the same move changes the output
+
+    with pytest.raises(ValueError, match="--control must be one of"):
+        validate_model_args(ModelArguments(control="no_pointers"))
+    with pytest.raises(ValueError, match="--control applies to the PANM model"):
+        validate_model_args(ModelArguments(model="transformer", control="no_pointer_reads"))
+    controller_read = PanmMemoryConfig(pointer_hidden_size=8, controller_hidden_size=8, mlp_hidden_size=8,
+                                       content_read="controller")  # fmt: skip
+    with pytest.raises(ValueError, match="--content_read controller"):
+        build_model("panm", ModelArguments(control="no_pointer_reads"), controller_read, text_config)
+    with pytest.raises(ValueError, match="needs a PANM model"):
+        apply_control(build_model("transformer", ModelArguments(), panm_args, text_config), "no_pointer_reads")

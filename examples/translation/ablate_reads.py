@@ -31,6 +31,7 @@ import math
 import os
 
 import torch
+from controls import apply_control, zero_pointer_reads
 from length_split import length_split, load_local_pairs, sample
 from run_translation import DataArguments, tokenize
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, DataCollatorForSeq2Seq
@@ -121,15 +122,7 @@ def ablations(name: str, model, tokenizer, pairs, data_args) -> dict:
         handle.remove()
     if getattr(getattr(model, "panm", None), "content_reader", None) is not None:
         # Keep the decoder-queried content read, zero the pointer-based reads (Mode 1 and Mode 2).
-        panm = model.panm
-        pointer_width = (panm.num_pointer_units + panm.num_mode2_heads) * panm.memory_dim
-
-        def zero_pointer_reads(module, inputs, width=pointer_width):
-            reads = inputs[0].clone()  # (batch, steps, num_reads * dim), pointer reads first
-            reads[..., :width] = 0
-            return (reads, *inputs[1:])
-
-        handle = panm.controller.register_forward_pre_hook(zero_pointer_reads)
+        handle = zero_pointer_reads(model)
         report[f"{name} without pointer reads"] = score(model, tokenizer, pairs, data_args)
         handle.remove()
     return report
@@ -190,6 +183,8 @@ def main(argv: list[str] | None = None) -> dict:
         for name in summary["results"]:
             model_dir = os.path.join(run_dir, name)
             model = AutoModelForSeq2SeqLM.from_pretrained(model_dir).eval()
+            if hasattr(model, "panm"):  # a control model is scored as it was trained (controls.py)
+                apply_control(model, summary.get("model_args", {}).get("control"))
             tokenizer = AutoTokenizer.from_pretrained(model_dir)
             label = name if names.count(name) == 1 else f"{name}@{os.path.basename(os.path.normpath(run_dir))}"
             report.update(ablations(label, model, tokenizer, pairs, data_args))

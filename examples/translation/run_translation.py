@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import sacrebleu
 import torch
+from controls import apply_control, validate_control
 from datasets import Dataset
 from length_split import TranslationPairs, hold_out, length_split, load_hub_pairs, load_local_pairs, sample
 from local_tokenizer import train_tokenizer
@@ -85,6 +86,13 @@ class ModelArguments:
         metadata={
             "help": "AdamW weight decay on PANM's weights only (biases and norms excepted); the backbone keeps "
             "--weight_decay. Default: --weight_decay for every weight, as Trainer does."
+        },
+    )
+    control: str | None = field(
+        default=None,
+        metadata={
+            "help": "A training-time control for the PANM model (controls.py): no_pointer_reads trains and tests it "
+            "with its Mode-1 and Mode-2 values zeroed (Controller, content read and drop-path kept)."
         },
     )
 
@@ -160,6 +168,9 @@ def validate_model_args(model_args: ModelArguments) -> None:
             f"--panm_weight_decay must be >= 0 (got {model_args.panm_weight_decay}); omit it to use "
             "--weight_decay for PANM's weights too."
         )
+    validate_control(model_args.control)
+    if model_args.control is not None and model_args.model == "transformer":
+        raise ValueError("--control applies to the PANM model; use --model panm or both.")
 
 
 def validate(model_args: ModelArguments, data_args: DataArguments) -> None:
@@ -207,7 +218,9 @@ def build_model(name: str, model_args: ModelArguments, panm_args: PanmMemoryConf
         model.accepts_loss_kwargs = False
         return model
     panm_config = PanmConfig(text_config=config.to_dict(), placement=model_args.placement, **asdict(panm_args))
-    return PanmForSeq2SeqLM(panm_config)
+    model = PanmForSeq2SeqLM(panm_config)
+    apply_control(model, model_args.control)  # the hook stays with the model for training and testing
+    return model
 
 
 def tokenize(pairs: TranslationPairs, tokenizer, data_args: DataArguments) -> Dataset:

@@ -1,0 +1,62 @@
+"""Training-time controls: a PANM model with its pointers switched off, trained and tested that way.
+
+The ablations of `ablate_reads.py` switch a part of PANM off at test time on a model trained with
+it. A control switches it off from the first step, so the model learns without it: the difference
+between PANM and its control is what that part brings to training and to the test alike.
+
+`no_pointer_reads`: the Mode-1 and Mode-2 values are zeroed where the Controller takes them (its
+GRU input and `g^o`'s input). What is left of PANM's branch is the Controller GRU over `z_t` and the
+decoder-queried content read (`content_read="decoder"`), its `h^c_0` from the memory, the zero-
+initialised output projection and drop-path: the same parameters, the same branch, no pointers.
+The Pointer Units still run (their output is discarded) and get no gradient.
+
+The control lives in a forward pre-hook, not in the saved weights: a saved control model scores as
+trained only with the same hook (`ablate_reads.py` reports it as "without pointer reads").
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.utils.hooks import RemovableHandle
+
+CONTROLS = ("no_pointer_reads",)
+
+
+def zero_pointer_reads(model: torch.nn.Module) -> RemovableHandle:
+    """Zero the Mode-1 and Mode-2 values at the Controller's input of `model.panm`; returns the hook's handle.
+
+    Raises:
+        ValueError: `model` has no PANM memory, or its Controller reads with its own state
+            (`content_read="controller"`, whose steps bypass `Controller.forward`).
+    """
+    panm = getattr(model, "panm", None)
+    if panm is None or not hasattr(panm, "controller"):
+        raise ValueError(
+            f"--control no_pointer_reads needs a PANM model (got {type(model).__name__}); use --model panm or both."
+        )
+    if panm.controller.content_reader is not None:
+        raise ValueError(
+            "--control no_pointer_reads cannot run with --content_read controller (the Controller then reads step "
+            "by step outside the hooked forward); use --content_read decoder or none."
+        )
+    pointer_width = (panm.num_pointer_units + panm.num_mode2_heads) * panm.memory_dim
+
+    def hook(module, inputs):
+        reads = inputs[0]  # (batch*steps or batch, steps, num_reads*dim): pointer reads first, content read last
+        keep = torch.ones(reads.shape[-1], dtype=reads.dtype, device=reads.device)  # (num_reads*dim,)
+        keep[:pointer_width] = 0
+        return (reads * keep, *inputs[1:])
+
+    return panm.controller.register_forward_pre_hook(hook)
+
+
+def validate_control(control: str | None) -> None:
+    """ValueError naming `--control` unless it is one of `CONTROLS` or None."""
+    if control is not None and control not in CONTROLS:
+        raise ValueError(f"--control must be one of {CONTROLS} or omitted (got {control!r}).")
+
+
+def apply_control(model: torch.nn.Module, control: str | None) -> RemovableHandle | None:
+    """Apply `--control` (one of `CONTROLS`, or None for none) to a freshly built PANM model."""
+    validate_control(control)
+    return None if control is None else zero_pointer_reads(model)
