@@ -213,7 +213,7 @@ def test_example_defaults_apply_to_flags_and_json_and_yield_to_what_is_given(tmp
     assert panm_args.pointer_update == "attention" and training_args.seed == 7
 
 
-def test_no_pointer_reads_control_trains_panm_without_its_pointers():
+def test_controls_train_panm_without_its_pointers_or_reads():
     import torch
     from controls import apply_control
     from run_translation import ModelArguments, build_model, validate_model_args
@@ -233,27 +233,37 @@ def test_no_pointer_reads_control_trains_panm_without_its_pointers():
         "labels": torch.tensor([[12, 13, 14, 2], [15, 16, 2, -100]]),
     }
 
-    def logits_before_and_after_moving_the_pointers(control):
+    def logits_before_and_after_moving(control, part):
         torch.manual_seed(0)
         model = build_model("panm", ModelArguments(placement="stack", control=control), panm_args, text_config)
         # `stack` zero-initialises g^o's last layer, which would hide PANM's branch from the logits
         torch.nn.init.normal_(model.panm.controller.output_mlp[-1].weight)
         model.eval()
         before = model(**batch).logits
-        with torch.no_grad():  # move the Pointer Units and the Mode-2 query: a different set of pointer reads
-            for parameter in [*model.panm.pointer_units.parameters(), *model.panm.mode2_reader.parameters()]:
+        modules = {  # the pointers: Pointer Units and the Mode-2 query; the content read: its attention
+            "pointers": [model.panm.pointer_units, model.panm.mode2_reader],
+            "content read": [model.panm.content_reader],
+        }[part]
+        with torch.no_grad():
+            for parameter in (p for module in modules for p in module.parameters()):
                 parameter.add_(torch.randn_like(parameter))
         return model, before, model(**batch).logits
 
-    model, before, after = logits_before_and_after_moving_the_pointers("no_pointer_reads")
+    model, before, after = logits_before_and_after_moving("no_pointer_reads", "pointers")
     torch.testing.assert_close(after, before)  # the control's output does not see the pointers
     model.train()
     model(**batch).loss.backward()
     pointer_grads = [p.grad for p in model.panm.pointer_units.parameters()]
     assert all(g is None or not g.any() for g in pointer_grads)
     assert model.panm.controller.gru.weight_ih_l0.grad.any()  # the rest of PANM's branch still learns
-    _, before, after = logits_before_and_after_moving_the_pointers(None)
-    assert not torch.allclose(after, before)  # without the control the same move changes the output
+    assert model.panm.content_reader.query.weight.grad.any()
+    _, before, after = logits_before_and_after_moving("no_pointer_reads", "content read")
+    assert not torch.allclose(after, before)  # ... and the content read still counts
+    _, before, after = logits_before_and_after_moving("no_reads", "content read")
+    torch.testing.assert_close(after, before)  # no_reads: neither does the content read
+    for part in ("pointers", "content read"):  # without a control, moving either changes the output
+        _, before, after = logits_before_and_after_moving(None, part)
+        assert not torch.allclose(after, before)
 
     with pytest.raises(ValueError, match="--control must be one of"):
         validate_model_args(ModelArguments(control="no_pointers"))

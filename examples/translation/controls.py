@@ -8,7 +8,10 @@ between PANM and its control is what that part brings to training and to the tes
 GRU input and `g^o`'s input). What is left of PANM's branch is the Controller GRU over `z_t` and the
 decoder-queried content read (`content_read="decoder"`), its `h^c_0` from the memory, the zero-
 initialised output projection and drop-path: the same parameters, the same branch, no pointers.
-The Pointer Units still run (their output is discarded) and get no gradient.
+The Pointer Units still run (their output is discarded) and get zero gradient.
+
+`no_reads`: every read is zeroed, the content read too. The Controller GRU then sees `z_t` alone
+(its `h^c_0` still pools the memory): PANM's branch as an extra recurrent layer with drop-path.
 
 The control lives in a forward pre-hook, not in the saved weights: a saved control model scores as
 trained only with the same hook (`ablate_reads.py` reports it as "without pointer reads").
@@ -19,11 +22,12 @@ from __future__ import annotations
 import torch
 from torch.utils.hooks import RemovableHandle
 
-CONTROLS = ("no_pointer_reads",)
+CONTROLS = ("no_pointer_reads", "no_reads")
 
 
-def zero_pointer_reads(model: torch.nn.Module) -> RemovableHandle:
-    """Zero the Mode-1 and Mode-2 values at the Controller's input of `model.panm`; returns the hook's handle.
+def zero_pointer_reads(model: torch.nn.Module, *, content_read_too: bool = False) -> RemovableHandle:
+    """Zero the Mode-1 and Mode-2 values (and the content read with `content_read_too`) at the Controller's
+    input of `model.panm`; returns the hook's handle.
 
     Raises:
         ValueError: `model` has no PANM memory, or its Controller reads with its own state
@@ -32,11 +36,11 @@ def zero_pointer_reads(model: torch.nn.Module) -> RemovableHandle:
     panm = getattr(model, "panm", None)
     if panm is None or not hasattr(panm, "controller"):
         raise ValueError(
-            f"--control no_pointer_reads needs a PANM model (got {type(model).__name__}); use --model panm or both."
+            f"--control needs a PANM model (got {type(model).__name__}); use --model panm or both."
         )
     if panm.controller.content_reader is not None:
         raise ValueError(
-            "--control no_pointer_reads cannot run with --content_read controller (the Controller then reads step "
+            "--control cannot run with --content_read controller (the Controller then reads step "
             "by step outside the hooked forward); use --content_read decoder or none."
         )
     pointer_width = (panm.num_pointer_units + panm.num_mode2_heads) * panm.memory_dim
@@ -44,7 +48,7 @@ def zero_pointer_reads(model: torch.nn.Module) -> RemovableHandle:
     def hook(module, inputs):
         reads = inputs[0]  # (batch*steps or batch, steps, num_reads*dim): pointer reads first, content read last
         keep = torch.ones(reads.shape[-1], dtype=reads.dtype, device=reads.device)  # (num_reads*dim,)
-        keep[:pointer_width] = 0
+        keep[: reads.shape[-1] if content_read_too else pointer_width] = 0
         return (reads * keep, *inputs[1:])
 
     return panm.controller.register_forward_pre_hook(hook)
@@ -59,4 +63,4 @@ def validate_control(control: str | None) -> None:
 def apply_control(model: torch.nn.Module, control: str | None) -> RemovableHandle | None:
     """Apply `--control` (one of `CONTROLS`, or None for none) to a freshly built PANM model."""
     validate_control(control)
-    return None if control is None else zero_pointer_reads(model)
+    return None if control is None else zero_pointer_reads(model, content_read_too=control == "no_reads")

@@ -92,7 +92,8 @@ class ModelArguments:
         default=None,
         metadata={
             "help": "A training-time control for the PANM model (controls.py): no_pointer_reads trains and tests it "
-            "with its Mode-1 and Mode-2 values zeroed (Controller, content read and drop-path kept)."
+            "with its Mode-1 and Mode-2 values zeroed (Controller, content read and drop-path kept); no_reads "
+            "zeroes the content read too."
         },
     )
 
