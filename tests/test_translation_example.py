@@ -108,6 +108,13 @@ def test_smoke_run_writes_finite_perplexity_and_bleu(tmp_path):
     twice = ablate_reads.main(["--run_dir", str(tmp_path), str(tmp_path), "--data_dir", str(DATA_DIR)])
     name = f"transformer@{tmp_path.name}"
     assert twice[name] == report["transformer"]
+    # a run trained under --control is scored with its control re-applied: marked as a no_pointer_reads run,
+    # the saved PANM scores as it does without its pointer reads
+    summary["model_args"]["control"] = "no_pointer_reads"
+    (tmp_path / "results.json").write_text(json.dumps(summary))
+    controlled = ablate_reads.main(["--run_dir", str(tmp_path), "--data_dir", str(DATA_DIR)])
+    assert controlled["panm"] == report["panm without pointer reads"] != report["panm"]
+    assert controlled["transformer"] == report["transformer"]
 
 
 def test_ablate_reads_refuses_runs_tested_on_different_splits(tmp_path):

@@ -31,7 +31,7 @@ import math
 import os
 
 import torch
-from controls import apply_control, zero_pointer_reads
+from controls import apply_control, zero_reads
 from length_split import length_split, load_local_pairs, sample
 from run_translation import DataArguments, tokenize
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, DataCollatorForSeq2Seq
@@ -122,7 +122,7 @@ def ablations(name: str, model, tokenizer, pairs, data_args) -> dict:
         handle.remove()
     if getattr(getattr(model, "panm", None), "content_reader", None) is not None:
         # Keep the decoder-queried content read, zero the pointer-based reads (Mode 1 and Mode 2).
-        handle = zero_pointer_reads(model)
+        handle = zero_reads(model)
         report[f"{name} without pointer reads"] = score(model, tokenizer, pairs, data_args)
         handle.remove()
     return report

@@ -14,7 +14,7 @@ The Pointer Units still run (their output is discarded) and get zero gradient.
 (its `h^c_0` still pools the memory): PANM's branch as an extra recurrent layer with drop-path.
 
 The control lives in a forward pre-hook, not in the saved weights: a saved control model scores as
-trained only with the same hook (`ablate_reads.py` reports it as "without pointer reads").
+trained only with the same hook, which `ablate_reads.py` re-applies from the run's `results.json`.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from torch.utils.hooks import RemovableHandle
 CONTROLS = ("no_pointer_reads", "no_reads")
 
 
-def zero_pointer_reads(model: torch.nn.Module, *, content_read_too: bool = False) -> RemovableHandle:
-    """Zero the Mode-1 and Mode-2 values (and the content read with `content_read_too`) at the Controller's
-    input of `model.panm`; returns the hook's handle.
+def zero_reads(model: torch.nn.Module, *, include_content_read: bool = False) -> RemovableHandle:
+    """Zero the Mode-1 and Mode-2 values (and the content read with `include_content_read`) at the
+    Controller's input of `model.panm`; returns the hook's handle.
 
     Raises:
         ValueError: `model` has no PANM memory, or its Controller reads with its own state
@@ -35,9 +35,7 @@ def zero_pointer_reads(model: torch.nn.Module, *, content_read_too: bool = False
     """
     panm = getattr(model, "panm", None)
     if panm is None or not hasattr(panm, "controller"):
-        raise ValueError(
-            f"--control needs a PANM model (got {type(model).__name__}); use --model panm or both."
-        )
+        raise ValueError(f"--control needs a PANM model (got {type(model).__name__}); use --model panm or both.")
     if panm.controller.content_reader is not None:
         raise ValueError(
             "--control cannot run with --content_read controller (the Controller then reads step "
@@ -48,7 +46,7 @@ def zero_pointer_reads(model: torch.nn.Module, *, content_read_too: bool = False
     def hook(module, inputs):
         reads = inputs[0]  # (batch*steps or batch, steps, num_reads*dim): pointer reads first, content read last
         keep = torch.ones(reads.shape[-1], dtype=reads.dtype, device=reads.device)  # (num_reads*dim,)
-        keep[: reads.shape[-1] if content_read_too else pointer_width] = 0
+        keep[: reads.shape[-1] if include_content_read else pointer_width] = 0
         return (reads * keep, *inputs[1:])
 
     return panm.controller.register_forward_pre_hook(hook)
@@ -63,4 +61,4 @@ def validate_control(control: str | None) -> None:
 def apply_control(model: torch.nn.Module, control: str | None) -> RemovableHandle | None:
     """Apply `--control` (one of `CONTROLS`, or None for none) to a freshly built PANM model."""
     validate_control(control)
-    return None if control is None else zero_pointer_reads(model, content_read_too=control == "no_reads")
+    return None if control is None else zero_reads(model, include_content_read=control == "no_reads")
