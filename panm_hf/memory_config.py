@@ -19,6 +19,7 @@ SCORINGS = ("dot", "cosine")
 CONTROLLER_INITS = ("mean", "sum")
 POINTER_UPDATES = ("attention", "shift")
 CONTENT_READS = ("none", "decoder", "controller")
+ADDRESS_KEYS = ("mlp", "linear")
 RECURRENCE_KERNELS = ("auto", "eager", "fused")
 INTEGER_FIELDS = (
     "address_bits", "num_pointer_units", "num_mode2_heads", "pointer_hidden_size", "controller_hidden_size",
@@ -51,6 +52,11 @@ class PanmMemoryConfig:
             choices measured"): cosine x 15 reached 93.5% at 2(L+1) where dot reached 57.9%.
         cosine_inverse_temperature (`float`, *optional*, defaults to 15.0):
             initial inverse temperature for `scoring="cosine"`.
+        address_key (`str`, *optional*, defaults to `"mlp"`):
+            `g^a`, the map from an address code to its key in the address attention (Eq. 2): `"mlp"`
+            (the paper's text, one hidden layer of `mlp_hidden_size`) or `"linear"` (the authors' code,
+            an affine map of the bits: its score is linear in each bit, so two addresses 2^k apart never
+            get the same key). Measured on the algorithmic suite in docs/RESULTS.md ("Address keys").
         controller_init (`str`, *optional*, defaults to `"mean"`):
             `h^c_0` from a projected `"mean"` of the real memory slots, or the paper's `"sum"`.
         pointer_update (`str`, *optional*, defaults to `"attention"`):
@@ -109,6 +115,13 @@ class PanmMemoryConfig:
     )
     cosine_inverse_temperature: float = field(
         default=15.0, metadata={"help": "PANM: initial (learned) inverse temperature of cosine scoring."}
+    )
+    address_key: str = field(
+        default="mlp",
+        metadata={
+            "help": "PANM g^a, address code -> key: mlp (the paper's text) or linear (the authors' code).",
+            "choices": ADDRESS_KEYS,
+        },
     )
     controller_init: str = field(
         default="mean",
@@ -182,6 +195,11 @@ class PanmMemoryConfig:
                 raise ValueError(f"{name} must be a positive integer (got {value!r}).")
         if self.scoring not in SCORINGS:
             raise ValueError(f"scoring={self.scoring!r} is not supported; choose one of {SCORINGS}.")
+        if self.address_key not in ADDRESS_KEYS:
+            raise ValueError(
+                f"address_key={self.address_key!r} is not supported; choose one of {ADDRESS_KEYS} "
+                '("mlp" is the paper\'s g^a, "linear" the authors\' code).'
+            )
         if self.controller_init not in CONTROLLER_INITS:
             raise ValueError(
                 f"controller_init={self.controller_init!r} is not supported; choose one of {CONTROLLER_INITS}."
@@ -234,4 +252,7 @@ class PanmMemoryConfig:
             )
 
 
-__all__ = ["CONTENT_READS", "CONTROLLER_INITS", "RECURRENCE_KERNELS", "POINTER_UPDATES", "SCORINGS", "PanmMemoryConfig"]
+__all__ = [
+    "ADDRESS_KEYS", "CONTENT_READS", "CONTROLLER_INITS", "RECURRENCE_KERNELS", "POINTER_UPDATES", "SCORINGS",
+    "PanmMemoryConfig",
+]  # fmt: skip

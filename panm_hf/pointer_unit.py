@@ -116,12 +116,16 @@ class PointerUnits(nn.Module):
         self.recurrence_kernel = config.recurrence_kernel
         self.shift_range = config.shift_range
         self.cell = GroupedGRUCell(units, config.address_bits, hidden_size)
-        # g^a: one MLP per unit mapping an address code into that unit's key space.
-        self.address_mlp = nn.Sequential(
-            GroupedLinear(units, config.address_bits, config.mlp_hidden_size),
-            nn.ReLU(),
-            GroupedLinear(units, config.mlp_hidden_size, hidden_size),
-        )
+        # g^a: one map per unit from an address code into that unit's key space; an MLP (the paper's
+        # text) or affine (the authors' code), kept under one name so checkpoints load either way.
+        if config.address_key == "linear":
+            self.address_mlp = nn.Sequential(GroupedLinear(units, config.address_bits, hidden_size))
+        else:
+            self.address_mlp = nn.Sequential(
+                GroupedLinear(units, config.address_bits, config.mlp_hidden_size),
+                nn.ReLU(),
+                GroupedLinear(units, config.mlp_hidden_size, hidden_size),
+            )
         self.scorer = AttentionScorer(config, dim=hidden_size)
         # "shift": per unit, logits of the 2K + 1 steps, the gate g_t and the sharpening gamma_t.
         self.arithmetic_head = (

@@ -91,3 +91,60 @@ def address_score_periodicity(
         result["gamma"] = units.arithmetic_head.gamma(1).flatten().tolist()  # one per unit
     model.train(was_training)
     return result
+
+
+# The slot that holds the token a Copy / Reverse step must output: slot 0 is START, slots 1..n the tokens.
+WALK_TARGETS = {
+    "copy": lambda steps, length: steps,  # step t (1-based) reads x_t in slot t
+    "reverse": lambda steps, length: length + 1 - steps,  # step t reads x_{n+1-t}
+}
+
+
+@torch.no_grad()
+def pointer_walk(model: torch.nn.Module, task: str, length: int, *, num_samples: int = 256, seed: int = 4321) -> dict:
+    """Where each Pointer Unit stands at each decoding step of Copy or Reverse, against the slot it should read.
+
+    A unit is *on track* at step `t` when its address attention's largest weight is on the slot holding
+    the step's target token. Off track, `offset` is the slot it stands on minus that slot; a multiple
+    of 16 is the period-16 look-alike of the target (same low four address bits, see
+    `address_score_periodicity`), anything else a far address that out-scores the target.
+
+    Args:
+        model: a suite PANM (`PanmSeq2Seq`).
+        task: `"copy"` or `"reverse"`.
+        length: test length (number of input tokens).
+        num_samples: test samples.
+        seed: seeds the test inputs.
+
+    Returns:
+        `{"token_accuracy": [per step], "on_track": [per unit, [per step]], "first_step_off_track":
+        [per unit, the first step (1-based) at which fewer than half the samples are on track, or None],
+        "off_track_period16": [per unit, share of off-track (sample, step) pairs whose offset is a
+        nonzero multiple of 16]}`.
+    """
+    if task not in WALK_TARGETS:
+        raise ValueError(f"pointer_walk covers {sorted(WALK_TARGETS)}, whose targets are single slots; got {task!r}.")
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    batch = make_batch(task, num_samples, length, generator=torch.Generator().manual_seed(seed)).to(device)
+    steps = batch.labels.shape[1]
+    out = model(batch.inputs, batch.attention_mask, steps, output_attentions=True)
+    token_accuracy = (out.logits.argmax(dim=-1) == batch.labels).float().mean(dim=0)  # (steps,)
+    stands_on = out.address_attentions.argmax(dim=-1)  # (batch, steps, units)
+    target = WALK_TARGETS[task](torch.arange(1, steps + 1, device=device), length)  # (steps,)
+    offset = stands_on - target.reshape(1, steps, 1)  # (batch, steps, units)
+    on_track = (offset == 0).float().mean(dim=0)  # (steps, units)
+    off = offset != 0
+    period16 = off & (offset % 16 == 0)
+    first_off = []
+    for unit_track in on_track.T:  # per unit
+        below = torch.nonzero(unit_track < 0.5)
+        first_off.append(int(below[0, 0]) + 1 if len(below) else None)
+    model.train(was_training)
+    return {
+        "token_accuracy": token_accuracy.tolist(),
+        "on_track": on_track.T.tolist(),
+        "first_step_off_track": first_off,
+        "off_track_period16": (period16.sum(dim=(0, 1)) / off.sum(dim=(0, 1)).clamp_min(1)).tolist(),
+    }

@@ -13,6 +13,8 @@ difference between them is how the decoder reads the encoder's memory:
 * ``transformer``: Transformer encoder-decoder; decoder queries are positional encodings.
 * ``panm_shift``, ``panm_distract``: PANM with a beyond-the-paper option switched on
   (`PANM_VARIANTS`: content-free pointer arithmetic, training-time distractor addresses).
+* ``panm_linear``: PANM with the authors' affine address keys `g^a` (`address_key="linear"`) in place
+  of the paper's text's MLP.
 * ``panm_ctrl``, ``panm_shift_ctrl``: PANM (or `shift`) with the authors' Controller attention
   (`content_read="controller"`: Bahdanau attention over `M` queried by the Controller state).
 
@@ -41,6 +43,7 @@ PANM_VARIANTS = {
     "panm": {},
     "panm_shift": {"pointer_update": "shift", "shift_range": 1},
     "panm_distract": {"address_distractors": 8},
+    "panm_linear": {"address_key": "linear"},
     "panm_ctrl": {"content_read": "controller"},
     "panm_shift_ctrl": {"pointer_update": "shift", "shift_range": 1, "content_read": "controller"},
 }

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from research import make_batch, task_spec
-from research.diagnostics import _profile_correlation, address_score_periodicity
+from research.diagnostics import WALK_TARGETS, _profile_correlation, address_score_periodicity, pointer_walk
 from research.harness import RunResult, evaluate, load_results, sequence_loss, summarize, token_counts
 from research.models import MODEL_NAMES, build_model
 
@@ -19,6 +19,7 @@ TINY = {
     "panm": dict(memory_dim=16, pointer_hidden_size=16, controller_hidden_size=32, mlp_hidden_size=16),
     "panm_shift": dict(memory_dim=16, pointer_hidden_size=16, controller_hidden_size=32, mlp_hidden_size=16),
     "panm_distract": dict(memory_dim=16, pointer_hidden_size=16, controller_hidden_size=32, mlp_hidden_size=16),
+    "panm_linear": dict(memory_dim=16, pointer_hidden_size=16, controller_hidden_size=32, mlp_hidden_size=16),
     "panm_ctrl": dict(memory_dim=16, pointer_hidden_size=16, controller_hidden_size=32, mlp_hidden_size=16),
     "panm_shift_ctrl": dict(memory_dim=16, pointer_hidden_size=16, controller_hidden_size=32, mlp_hidden_size=16),
     "lstm": dict(hidden_size=32),
@@ -27,6 +28,7 @@ TINY = {
     "transformer": dict(d_model=16, num_heads=2, num_layers=1, feedforward_size=32),
 }
 RUN_PY = Path(__file__).resolve().parents[1] / "examples" / "length_generalization" / "run.py"
+POINTER_WALK_PY = RUN_PY.parent / "pointer_walk.py"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
@@ -301,3 +303,60 @@ def test_step_parity_accuracy_splits_odd_and_even_target_steps():
         odd_steps, even_steps = (length + 1) // 2, length // 2  # every Mix target has `length` steps
         mean = (parity["odd"] * odd_steps + parity["even"] * even_steps) / length
         assert mean == pytest.approx(result.test_accuracy[length])
+
+
+class _ScriptedWalk(torch.nn.Module):
+    """A stand-in suite PANM whose two units stand on `target + offsets[unit]` at every step; logits right
+    exactly where unit 0 is on track."""
+
+    def __init__(self, task: str, offsets: tuple[int, int]):
+        super().__init__()
+        self.task, self.offsets = task, offsets
+        self.anchor = torch.nn.Parameter(torch.zeros(()))  # gives the model a device
+
+    def forward(self, inputs, attention_mask, num_steps, output_attentions=False):
+        batch, slots, _ = inputs.shape
+        length = slots - 2
+        target = WALK_TARGETS[self.task](torch.arange(1, num_steps + 1), length)  # (steps,)
+        weights = torch.zeros(batch, num_steps, 2, slots)
+        for unit, offset in enumerate(self.offsets):
+            weights[:, torch.arange(num_steps), unit, (target + offset).clamp(0, slots - 1)] = 1.0
+        tokens = inputs[:, 1 : length + 1, :10].argmax(-1)  # (batch, length)
+        wanted = tokens[:, target - 1]  # (batch, steps)
+        logits = torch.nn.functional.one_hot(wanted, 10).float() * (1.0 if self.offsets[0] == 0 else -1.0)
+        return type("Out", (), {"logits": logits, "address_attentions": weights})()
+
+
+@pytest.mark.parametrize("task", ["copy", "reverse"])
+def test_pointer_walk_reads_on_track_and_period16_offsets(task):
+    on_track = pointer_walk(_ScriptedWalk(task, (0, 16 if task == "copy" else -16)), task, 40, num_samples=8)
+    assert on_track["on_track"][0] == [1.0] * 40 and on_track["first_step_off_track"][0] is None
+    assert on_track["token_accuracy"] == [1.0] * 40
+    # unit 1 stands 16 slots away wherever that slot exists (clamped at the ends: not a multiple of 16)
+    assert on_track["first_step_off_track"][1] == 1 and 0.5 < on_track["off_track_period16"][1] < 1.0
+    far = pointer_walk(_ScriptedWalk(task, (5, 16)), task, 40, num_samples=8)
+    assert far["on_track"][0] == [0.0] * 40 and far["off_track_period16"][0] == 0.0
+    with pytest.raises(ValueError, match="pointer_walk covers"):
+        pointer_walk(_ScriptedWalk(task, (0, 0)), "mix", 40)
+
+
+def test_pointer_walk_on_an_untrained_tiny_panm_has_one_value_per_step_and_unit():
+    torch.manual_seed(0)
+    model = build_model("panm", task_spec("reverse").feature_dim, **TINY["panm"])
+    result = pointer_walk(model, "reverse", 12, num_samples=4)
+    assert len(result["token_accuracy"]) == 12
+    assert len(result["on_track"]) == 2 and all(len(unit) == 12 for unit in result["on_track"])
+    assert all(0.0 <= share <= 1.0 for unit in result["on_track"] for share in unit)
+    assert model.training  # restored
+
+
+@pytest.mark.smoke
+def test_pointer_walk_script_smoke(tmp_path):
+    spec = importlib.util.spec_from_file_location("pointer_walk", POINTER_WALK_PY)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    record = script.main(["--smoke", "--steps", "2", "--task", "reverse", "--multiples", "2", "--output-dir",
+                          str(tmp_path)])  # fmt: skip
+    (run,) = record["runs"]
+    assert (run["task"], run["length"], len(run["token_accuracy"])) == ("reverse", 20, 20)
+    assert json.loads((tmp_path / "pointer_walk.json").read_text())["runs"][0]["length"] == 20

@@ -10,9 +10,10 @@ from panm_hf.memory import initial_pointer_offsets
 tiny = tiny_memory
 
 
+@pytest.mark.parametrize("address_key", ["mlp", "linear"])
 @pytest.mark.parametrize("scoring", ["dot", "cosine"])
-def test_pointer_units_never_see_memory_content(scoring):
-    memory = tiny(scoring=scoring)
+def test_pointer_units_never_see_memory_content(scoring, address_key):
+    memory = tiny(scoring=scoring, address_key=address_key)
     mask = torch.tensor([[1, 1, 1, 1, 0], [1, 1, 1, 1, 1]])
     states = torch.randn(2, 5, 8, requires_grad=True)
     decoder = torch.randn(2, 4, 6)
@@ -176,8 +177,11 @@ def reference_pointer_units(units, pointers, hidden, bank, mask, num_steps):
             r_h, z_h, n_h = gates_h.chunk(3, -1)
             r, z = torch.sigmoid(r_i + r_h), torch.sigmoid(z_i + z_h)
             h_new = (1 - z) * torch.tanh(n_i + r * n_h) + z * hidden[:, h]
-            key_hidden = torch.relu(bank @ mlp[0].weight[h] + mlp[0].bias[h])
-            keys = key_hidden @ mlp[2].weight[h] + mlp[2].bias[h]  # (batch, slots, hidden) = g^a_h(A)
+            if len(mlp) == 1:  # address_key="linear": g^a_h is affine
+                keys = bank @ mlp[0].weight[h] + mlp[0].bias[h]  # (batch, slots, hidden)
+            else:
+                key_hidden = torch.relu(bank @ mlp[0].weight[h] + mlp[0].bias[h])
+                keys = key_hidden @ mlp[2].weight[h] + mlp[2].bias[h]  # (batch, slots, hidden) = g^a_h(A)
             if scorer.scoring == "cosine":
                 scores = torch.nn.functional.cosine_similarity(h_new.unsqueeze(1), keys, dim=-1)
                 scores = scores * scorer.inverse_temperature
@@ -193,9 +197,10 @@ def reference_pointer_units(units, pointers, hidden, bank, mask, num_steps):
     return torch.stack(all_weights, dim=1), pointers, hidden
 
 
+@pytest.mark.parametrize("address_key", ["mlp", "linear"])
 @pytest.mark.parametrize("scoring", ["dot", "cosine"])
-def test_fused_pointer_units_match_the_plain_equations(scoring):
-    memory = tiny(scoring=scoring, num_pointer_units=3)
+def test_fused_pointer_units_match_the_plain_equations(scoring, address_key):
+    memory = tiny(scoring=scoring, num_pointer_units=3, address_key=address_key)
     mask = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0]], dtype=torch.bool)
     bound = memory.bind(torch.randn(2, 6, 8), mask, base_address=torch.tensor([7, 30]))
     state = memory.initial_state(bound)
@@ -208,10 +213,11 @@ def test_fused_pointer_units_match_the_plain_equations(scoring):
         assert torch.allclose(got, expected, atol=1e-5)
 
 
+@pytest.mark.parametrize("address_key", ["mlp", "linear"])
 @pytest.mark.parametrize("scoring", ["dot", "cosine"])
-def test_fused_pointer_units_gradients_match_the_plain_equations(scoring):
+def test_fused_pointer_units_gradients_match_the_plain_equations(scoring, address_key):
     """The fused loop's backward equals the plain transcription's, parameter by parameter."""
-    memory = tiny(scoring=scoring, num_pointer_units=2)
+    memory = tiny(scoring=scoring, num_pointer_units=2, address_key=address_key)
     units = memory.pointer_units
     mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]], dtype=torch.bool)
     bound = memory.bind(torch.randn(2, 5, 8), mask, base_address=torch.tensor([3, 1021]))
@@ -341,3 +347,16 @@ def test_controller_content_read_rejects_the_fused_kernel():
 
     with pytest.raises(ValueError, match='recurrence_kernel="fused" cannot run content_read="controller"'):
         PanmMemoryConfig(content_read="controller", recurrence_kernel="fused")
+
+
+def test_linear_address_keys_are_affine_in_the_bits():
+    """`address_key="linear"` (the authors' code): g^a(a) = W a + c, so for codes with disjoint bits
+    g^a(x) + g^a(y) - g^a(0) = g^a(x | y); the paper's MLP keys are not affine."""
+    codes = binary_codes(torch.tensor([0, 5, 16, 21]), 5).float()  # 5 | 16 = 21
+    for address_key, affine in (("linear", True), ("mlp", False)):
+        units = tiny(address_key=address_key).pointer_units
+        keys = units.address_mlp(codes.unsqueeze(0).expand(units.num_pointer_units, -1, -1))  # (units, 4, hidden)
+        combined = keys[:, 1] + keys[:, 2] - keys[:, 0]
+        assert torch.allclose(combined, keys[:, 3], atol=1e-5) == affine, address_key
+    linear, mlp = tiny(address_key="linear"), tiny(address_key="mlp")
+    assert len(linear.pointer_units.address_mlp) == 1 and len(mlp.pointer_units.address_mlp) == 3
