@@ -228,6 +228,39 @@ def test_monitoring_longer_lengths_never_changes_training_or_selection():
         TrainConfig(**base, monitor_lengths=(0,))
 
 
+def test_select_length_validates_on_a_longer_held_out_set(monkeypatch):
+    import research.harness as harness
+
+    calls = []
+    real = harness.fixed_eval_batches
+
+    def spy(task, length, num_samples, batch_size, seed, device):
+        calls.append((length, seed))
+        return real(task, length, num_samples, batch_size, seed, device)
+
+    monkeypatch.setattr(harness, "fixed_eval_batches", spy)
+    base = dict(task="reverse", model="panm", steps=4, batch_size=8, eval_every=2, eval_samples=8, eval_batch_size=8,
+                model_kwargs={"pointer_hidden_size": 16, "controller_hidden_size": 16, "mlp_hidden_size": 16})
+    paper, _ = harness.train_and_evaluate(harness.TrainConfig(**base))
+    assert paper.select_length == 10 and calls[0] == (10, harness._VALID_SEED)
+    calls.clear()
+    authors, _ = harness.train_and_evaluate(harness.TrainConfig(**base, select_length=20))
+    assert authors.select_length == 20 and calls[0] == (20, harness._VALID_SEED)
+    # the held-out validation set at 20 is not the test set at 20
+    assert (20, harness._TEST_SEED) in calls and harness._VALID_SEED != harness._TEST_SEED
+    with pytest.raises(ValueError, match="select_length"):
+        harness.TrainConfig(**base, select_length=0)
+
+
+def test_select_multiple_flag_is_checked():
+    spec = importlib.util.spec_from_file_location("length_generalization_run", RUN_PY)
+    run = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(run)
+    assert run.parse_args([]).select_multiple == 1
+    with pytest.raises(ValueError, match="--select-multiple"):
+        run.parse_args(["--select-multiple", "0"])
+
+
 @pytest.mark.smoke
 def test_demo_monitor_flag_writes_curves(tmp_path):
     spec = importlib.util.spec_from_file_location("length_generalization_run", RUN_PY)

@@ -49,7 +49,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--eval-every", type=int, default=50, help="steps between validations at L+1")
+    parser.add_argument("--eval-every", type=int, default=50, help="steps between validations (checkpoint selection)")
+    parser.add_argument(
+        "--select-multiple", type=int, default=1,
+        help="select the checkpoint on a validation set of M(L+1) tokens (1: L+1, the paper's text; the authors' "
+        "code validates on about 2(L+1))",
+    )  # fmt: skip
     parser.add_argument("--eval-samples", type=int, default=256, help="samples per validation/test length")
     parser.add_argument(
         "--scoring", choices=SCORINGS, default=None, help="PANM scoring (suite default: cosine x 15)"
@@ -89,7 +94,7 @@ def parse_args(argv=None) -> argparse.Namespace:
             raise ValueError(
                 f"--{flag.replace('_', '-')} takes positive multiples of L+1 (e.g. 16); got {getattr(args, flag)}."
             )
-    for name in ("steps", "batch_size", "eval_every", "eval_samples", "threads"):
+    for name in ("steps", "batch_size", "eval_every", "eval_samples", "threads", "select_multiple"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1; got {getattr(args, name)}.")
     return args
@@ -280,6 +285,7 @@ def main(argv=None) -> dict:
                         model_kwargs=panm_kwargs(args) if model_name in PANM_VARIANTS else {},
                         extra_test_lengths=extra_lengths(task, args.extra_lengths),
                         monitor_lengths=extra_lengths(task, args.monitor_lengths),
+                        select_length=extra_lengths(task, [args.select_multiple])[0],
                     )
                     result, model = train_and_evaluate(config, progress=not args.no_progress, log=log)
                     results.append(result)
@@ -303,6 +309,7 @@ def main(argv=None) -> dict:
         "device": args.device,
         "threads": args.threads,
         "panm_kwargs": panm_kwargs(args),
+        "select_multiple": args.select_multiple,
         "wall_seconds": round(elapsed, 1),
     }
     summary = write_results(results, output_dir, meta=meta)
