@@ -32,6 +32,14 @@ POINTER_WALK_PY = RUN_PY.parent / "pointer_walk.py"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
+def _load_script(path: Path, name: str):
+    """Import an example script (not a package module) by path."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 @pytest.fixture(autouse=True)
 def _one_thread():
     # Tiny models are overhead-bound; several threads on a shared 2-core box only contend.
@@ -123,9 +131,7 @@ def test_bad_inputs_raise_value_error():
 
 @pytest.mark.smoke
 def test_demo_smoke_writes_pngs_and_results(tmp_path):
-    spec = importlib.util.spec_from_file_location("length_generalization_run", RUN_PY)
-    run = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(run)
+    run = _load_script(RUN_PY, "length_generalization_run")
     summary = run.main(["--smoke", "--no-progress", "--threads", "1", "--output-dir", str(tmp_path)])
     # The demo's three models: the paper's PANM, PANM with `shift`, content attention.
     assert list(summary["copy"]) == ["panm", "panm_shift", "content"]
@@ -141,9 +147,7 @@ def test_demo_smoke_writes_pngs_and_results(tmp_path):
 
 
 def _load_run_py():
-    spec = importlib.util.spec_from_file_location("length_generalization_run", RUN_PY)
-    run = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(run)
+    run = _load_script(RUN_PY, "length_generalization_run")
     return run
 
 
@@ -185,9 +189,7 @@ def test_score_periodicity_diagnostic_shapes(name):
 
 @pytest.mark.smoke
 def test_variants_smoke_with_16x_length_and_score_profiles(tmp_path):
-    spec = importlib.util.spec_from_file_location("length_generalization_run", RUN_PY)
-    run = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(run)
+    run = _load_script(RUN_PY, "length_generalization_run")
     summary = run.main(["--smoke", "--no-progress", "--threads", "1", "--task", "copy", "psort", "--models",
                         "panm_shift", "panm_distract", "--extra-lengths", "16", "--output-dir", str(tmp_path)])
     assert list(summary["copy"]["panm_shift"]["mean"]) == [9, 10, 20, 40, 80, 160]
@@ -200,9 +202,7 @@ def test_variants_smoke_with_16x_length_and_score_profiles(tmp_path):
 
 
 def test_demo_rejects_non_positive_extra_lengths_before_training():
-    spec = importlib.util.spec_from_file_location("length_generalization_run", RUN_PY)
-    run = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(run)
+    run = _load_script(RUN_PY, "length_generalization_run")
     with pytest.raises(ValueError, match="--extra-lengths"):
         run.parse_args(["--extra-lengths", "16", "0"])
     assert run.extra_lengths("psort", [16]) == (176,)
@@ -253,9 +253,7 @@ def test_select_length_validates_on_a_longer_held_out_set(monkeypatch):
 
 
 def test_select_multiple_flag_is_checked():
-    spec = importlib.util.spec_from_file_location("length_generalization_run", RUN_PY)
-    run = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(run)
+    run = _load_script(RUN_PY, "length_generalization_run")
     assert run.parse_args([]).select_multiple == 1
     with pytest.raises(ValueError, match="--select-multiple"):
         run.parse_args(["--select-multiple", "0"])
@@ -263,9 +261,7 @@ def test_select_multiple_flag_is_checked():
 
 @pytest.mark.smoke
 def test_demo_monitor_flag_writes_curves(tmp_path):
-    spec = importlib.util.spec_from_file_location("length_generalization_run", RUN_PY)
-    run = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(run)
+    run = _load_script(RUN_PY, "length_generalization_run")
     run.main(["--smoke", "--no-progress", "--threads", "1", "--models", "panm", "--monitor-lengths", "2", "4",
               "--output-dir", str(tmp_path)])
     runs = json.loads((tmp_path / "results.json").read_text())["runs"]
@@ -385,9 +381,7 @@ def test_pointer_walk_on_an_untrained_tiny_panm_has_one_value_per_step_and_unit(
 
 @pytest.mark.smoke
 def test_pointer_walk_script_smoke(tmp_path):
-    spec = importlib.util.spec_from_file_location("pointer_walk", POINTER_WALK_PY)
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = _load_script(POINTER_WALK_PY, "pointer_walk")
     record = script.main(["--smoke", "--steps", "2", "--task", "reverse", "--multiples", "2", "--output-dir",
                           str(tmp_path)])  # fmt: skip
     (run,) = record["runs"]
