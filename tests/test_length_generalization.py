@@ -29,6 +29,7 @@ TINY = {
 }
 RUN_PY = Path(__file__).resolve().parents[1] / "examples" / "length_generalization" / "run.py"
 POINTER_WALK_PY = RUN_PY.parent / "pointer_walk.py"
+SELECTION_RULES_PY = RUN_PY.parent / "selection_rules.py"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
@@ -387,3 +388,25 @@ def test_pointer_walk_script_smoke(tmp_path):
     (run,) = record["runs"]
     assert (run["task"], run["length"], len(run["token_accuracy"])) == ("reverse", 20, 20)
     assert json.loads((tmp_path / "pointer_walk.json").read_text())["runs"][0]["length"] == 20
+
+
+def test_selection_rules_reads_the_paper_rule_from_the_history(tmp_path):
+    rules = _load_script(SELECTION_RULES_PY, "selection_rules")
+    monitor = [  # Reverse: L+1 = 10; 100% at 10 from step 100 on, best at 20 at step 100
+        {"10": 90.0, "20": 50.0, "40": 20.0, "80": 10.0},
+        {"10": 100.0, "20": 95.0, "40": 50.0, "80": 33.0},
+        {"10": 100.0, "20": 70.0, "40": 30.0, "80": 15.0},
+    ]
+    run = {"task": "reverse", "model": "panm", "seed": 0, "best_step": 100, "select_length": 20,
+           "test_accuracy": {"9": 100.0, "10": 100.0, "20": 95.0, "40": 50.0, "80": 33.0},
+           "history": [{"step": 50 * (i + 1), "monitor_accuracy": m} for i, m in enumerate(monitor)]}  # fmt: skip
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps({"runs": [run]}))
+    (row,) = rules.main([str(path)])
+    # the paper's rule keeps the last of the tied L+1 checkpoints (step 150), the run kept step 100
+    assert row["paper_rule"] == {"step": 150, 10: 100.0, 20: 70.0, 40: 30.0, 80: 15.0}
+    assert row["selected"] == {"step": 100, "select_length": 20, 10: 100.0, 20: 95.0, 40: 50.0, 80: 33.0}
+    del run["history"][0]["monitor_accuracy"]["80"]
+    path.write_text(json.dumps({"runs": [run]}))
+    with pytest.raises(ValueError, match="--monitor-lengths 1 2 4 8"):
+        rules.main([str(path)])
