@@ -189,7 +189,9 @@ def plot_monitor_curves(results, path: Path) -> None:
                         label=f"{result.model} s{result.seed} @ {length}", linewidth=1)
             ax.axvline(result.best_step, color="grey", linewidth=0.5, linestyle=":")
         ax.set_ylim(0, 102)
-        ax.set_xlabel("training step (dotted: checkpoint selected at L+1)")
+        lengths = {result.select_length for result in results if result.task == task}
+        where = "L+1" if lengths <= {None, task_spec(task).train_length + 1} else "/".join(map(str, sorted(lengths)))
+        ax.set_xlabel(f"training step (dotted: checkpoint selected at {where})")
         ax.set_ylabel("token accuracy (%)")
         ax.set_title(f"{task}: accuracy on longer inputs during training (not used for selection)", fontsize=8)
         ax.grid(alpha=0.3)
@@ -319,7 +321,8 @@ def main(argv=None) -> dict:
         plot_score_profiles([d for d in diagnostics if d["seed"] == diagnostics[0]["seed"]],
                             output_dir / "score_profiles.png")
     for task in summary:
-        print(f"\n{task}: token accuracy (%) per test length, checkpoint selected at L+1")
+        where = "L+1" if args.select_multiple == 1 else f"{args.select_multiple}(L+1) (held-out validation set)"
+        print(f"\n{task}: token accuracy (%) per test length, checkpoint selected at {where}")
         print(markdown_table(summary, task))
     plot_accuracy(summary, output_dir / "accuracy_vs_length.png")
     if args.monitor_lengths:
