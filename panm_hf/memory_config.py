@@ -55,8 +55,9 @@ class PanmMemoryConfig:
         address_key (`str`, *optional*, defaults to `"mlp"`):
             `g^a`, the map from an address code to its key in the address attention (Eq. 2): `"mlp"`
             (the paper's text, one hidden layer of `mlp_hidden_size`) or `"linear"` (the authors' code,
-            an affine map of the bits: its score is linear in each bit, so two addresses 2^k apart never
-            get the same key). Measured on the algorithmic suite in docs/RESULTS.md ("Address keys").
+            an affine map of the bits, so with `scoring="dot"` a score is linear in each bit). Measured on
+            Copy and Reverse in docs/RESULTS.md ("Design choices measured", (c)): the linear keys still
+            alias every 16 addresses and extrapolate about half as far as the MLP.
         controller_init (`str`, *optional*, defaults to `"mean"`):
             `h^c_0` from a projected `"mean"` of the real memory slots, or the paper's `"sum"`.
         pointer_update (`str`, *optional*, defaults to `"attention"`):
