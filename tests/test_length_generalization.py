@@ -387,7 +387,8 @@ def test_pointer_walk_script_smoke(tmp_path):
                           str(tmp_path)])  # fmt: skip
     (run,) = record["runs"]
     assert (run["task"], run["length"], len(run["token_accuracy"])) == ("reverse", 20, 20)
-    assert json.loads((tmp_path / "pointer_walk.json").read_text())["runs"][0]["length"] == 20
+    written = json.loads((tmp_path / "pointer_walk.json").read_text())
+    assert written["runs"][0]["length"] == 20 and "--multiples 2" in written["meta"]["command"]
 
 
 def test_selection_rules_reads_the_paper_rule_from_the_history(tmp_path):

@@ -1,4 +1,4 @@
-"""Where the Pointer Units' walk breaks on long Copy / Reverse inputs (docs/RESULTS.md, "Where the walk breaks").
+"""Where the Pointer Units' walk breaks on long Copy / Reverse inputs (RESULTS.md, "Where the faithful walk breaks").
 
 Trains one suite PANM per task and seed with the harness (checkpoint selected at L+1, as in `run.py`),
 then runs `research.diagnostics.pointer_walk` at 2(L+1), 4(L+1) and 8(L+1): per decoding step, the
@@ -68,7 +68,12 @@ def main(argv=None) -> dict:
                     f"period-16 share of off-track {[f'{s:.0%}' for s in walk['off_track_period16']]} (per unit)"
                 )
     record = {
-        "meta": {"command": shlex.join(["python", *sys.argv]), "steps": args.steps, "batch_size": args.batch_size},
+        "meta": {
+            "command": shlex.join(["python", "examples/length_generalization/pointer_walk.py",
+                                   *(sys.argv[1:] if argv is None else argv)]),
+            "steps": args.steps,
+            "batch_size": args.batch_size,
+        },
         "runs": runs,
     }
     output_dir = Path(args.output_dir)
