@@ -48,24 +48,22 @@ class PanmMemoryConfig:
         scoring (`str`, *optional*, defaults to `"cosine"`):
             attention scoring of the address attention (Eq. 2) and Mode-2 attention (Eq. 5):
             `"cosine"` (the paper's equations, times a learnable inverse temperature) or `"dot"`
-            (scaled dot product, the authors' code). Measured on Copy (docs/RESULTS.md, "Design
-            choices measured"): cosine x 15 reached 93.5% at 2(L+1) where dot reached 57.9%.
+            (scaled dot product, the authors' code); compared in docs/RESULTS.md, "Design choices measured".
         cosine_inverse_temperature (`float`, *optional*, defaults to 15.0):
             initial inverse temperature for `scoring="cosine"`.
         address_key (`str`, *optional*, defaults to `"mlp"`):
             `g^a`, the map from an address code to its key in the address attention (Eq. 2): `"mlp"`
             (the paper's text, one hidden layer of `mlp_hidden_size`) or `"linear"` (the authors' code,
-            an affine map of the bits, so with `scoring="dot"` a score is linear in each bit). Measured on
-            Copy and Reverse in docs/RESULTS.md ("Design choices measured", (c)): the linear keys still
-            alias every 16 addresses and extrapolate about half as far as the MLP.
+            an affine map of the bits, so with `scoring="dot"` a score is linear in each bit); compared in
+            docs/RESULTS.md ("Design choices measured", (c)).
         controller_init (`str`, *optional*, defaults to `"mean"`):
             `h^c_0` from a projected `"mean"` of the real memory slots, or the paper's `"sum"`.
         pointer_update (`str`, *optional*, defaults to `"attention"`):
             how a Pointer Unit moves its pointer. `"attention"` is the paper's Eq. 2. `"shift"` (beyond
             the paper) adds content-free pointer arithmetic: each unit picks, by one softmax, among
             moving its previous address attention by a step in `-K..K` and the paper's attention; the
-            mixture is sharpened by a learned exponent (`panm_hf.pointer_arithmetic`). Measured on the
-            algorithmic suite in docs/RESULTS.md ("Beyond the paper").
+            mixture is sharpened by a learned exponent (`panm_hf.pointer_arithmetic`); results in
+            docs/RESULTS.md ("Beyond the paper").
         shift_range (`int`, *optional*, defaults to 1):
             `K`, the largest step of `pointer_update="shift"`.
         address_distractors (`int`, *optional*, defaults to 0):
@@ -80,7 +78,7 @@ class PanmMemoryConfig:
             `"controller"` is the authors' code itself: a Bahdanau attention over `M` queried by the
             Controller's previous state `h^c_{t-1}`, its value fed to the Controller GRU and `g^o`, so the
             read follows what has been decoded even with `z_t = 0`; the Controller then runs its steps one
-            at a time (no fused kernel). Measured in docs/RESULTS.md.
+            at a time (no fused kernel); results in docs/RESULTS.md.
         panm_dropout (`float`, *optional*, defaults to 0.0):
             dropout on the reads entering the Controller and on its output (the paper has none; the
             authors' code drops 0.5 of the Mode-2 attention).
@@ -96,9 +94,10 @@ class PanmMemoryConfig:
             reference). `"fused"`: each recurrence's steps in one compiled kernel and its backward in
             another (`panm_hf.recurrence_kernel`); only for `pointer_update="attention"` with a (batch,
             slots) mask, in float32/float64, on CPU (a C kernel; needs a C compiler) or on CUDA (the
-            Pointer Units' Triton port, not yet validated on a GPU; the Controller keeps cuDNN's GRU);
-            anything else raises a ValueError saying why. `"auto"`: fused on CPU where it applies, eager
-            elsewhere (causal decoding's per-step masks, `"shift"`, CUDA, half precision, no compiler).
+            Pointer Units' Triton port; the Controller keeps cuDNN's GRU);
+            anything else raises a ValueError saying why. `"auto"`: fused where it applies (CPU with a C
+            compiler; CUDA with Triton), eager elsewhere (causal decoding's per-step masks, `"shift"`, half
+            precision, no compiler or no Triton).
             Outside the loops, `"auto"` and `"fused"` also run cosine normalisation, the Mode-2 read and
             `h^c_0`'s pooling as C kernels on CPU (float32/float64; plain torch elsewhere); `"eager"` keeps
             them all in plain torch ops.

@@ -16,9 +16,8 @@ final pointers and hidden, plus the per-step states the backward needs) with
 `torch.compile` can trace through them. Scope: `pointer_update="attention"` with a (batch, slots)
 mask, on CPU in float32/float64; everything else runs the eager loop and `nn.GRU`, which stay the
 reference (`PanmMemoryConfig.recurrence_kernel`). On CUDA the Pointer-Unit ops dispatch to a Triton
-port of the same algorithm (`panm_hf.recurrence_triton`), registered on first use and only with
-`recurrence_kernel="fused"`: it has been checked against the C kernel under Triton's interpreter,
-never on a GPU.
+port of the same algorithm (`panm_hf.recurrence_triton`), registered on first use whenever Triton
+imports (`"auto"` and `"fused"` alike); without Triton the Pointer Units run the eager loop.
 
 The same C source holds three smaller kernels used outside the loops, each one op forward and one
 backward: `panm_hf::normalize_rows` (cosine scoring's `scale * normalize(x)`, optionally writing the
@@ -89,6 +88,23 @@ def _build(source: str, compiler: str, defines: list[str], target: Path) -> str 
     return f"compiling the recurrences' C source with {compiler} failed: {errors[-500:]}"
 
 
+_LONG, _PTR = ctypes.c_long, ctypes.c_void_p
+_DIMS = [_LONG] * 6 + [ctypes.c_int, ctypes.c_double]  # units, batch, steps, slots, bits, hidden, cosine, tau
+# The C functions the kernel exports and their argument types (all return void).
+_SIGNATURES = {
+    "pointer_forward": _DIMS + [_PTR, _PTR, _PTR, _LONG, _LONG] + [_PTR] * 14,
+    "pointer_backward": _DIMS + [_PTR, _LONG, _LONG] + [_PTR] * 23,
+    "gru_forward": [_LONG] * 3 + [_PTR] * 7,  # batch, steps, hidden
+    "gru_backward": [_LONG] * 3 + [_PTR] * 11,
+    "normalize_forward": [_LONG] * 4 + [ctypes.c_int] + [_PTR] * 4,  # A, Bt, S, dim, swap
+    "normalize_backward": [_LONG] * 4 + [ctypes.c_int] + [_PTR] * 6,
+    "attention_forward": [_LONG] * 4 + [ctypes.c_int] + [_PTR] * 10,  # batch, queries, slots, dim
+    "attention_backward": [_LONG] * 4 + [ctypes.c_int] + [_PTR] * 14,
+    "pool_forward": [_LONG] * 3 + [ctypes.c_int] + [_PTR] * 3,  # batch, slots, dim, mean
+    "pool_backward": [_LONG] * 3 + [ctypes.c_int] + [_PTR] * 3,
+}
+
+
 @functools.cache
 def load_library(dtype_name: str) -> ctypes.CDLL | str:
     """The compiled kernel for `"float32"` or `"float64"`, or a string saying why it is unavailable."""
@@ -107,28 +123,12 @@ def load_library(dtype_name: str) -> ctypes.CDLL | str:
         library = ctypes.CDLL(str(target))
     except OSError as error:
         return f"the fused kernel could not be built or loaded in {target.parent} ({error}); set $PANM_HF_CACHE"
-    long, ptr = ctypes.c_long, ctypes.c_void_p
-    dims = [long] * 6 + [ctypes.c_int, ctypes.c_double]  # units, batch, steps, slots, bits, hidden, cosine, tau
-    library.pointer_forward.argtypes = dims + [ptr, ptr, ptr, long, long] + [ptr] * 14
-    library.pointer_forward.restype = None
-    library.pointer_backward.argtypes = dims + [ptr, long, long] + [ptr] * 23
-    library.pointer_backward.restype = None
-    library.gru_forward.argtypes = [long] * 3 + [ptr] * 7  # batch, steps, hidden
-    library.gru_forward.restype = None
-    library.gru_backward.argtypes = [long] * 3 + [ptr] * 11
-    library.gru_backward.restype = None
-    library.normalize_forward.argtypes = [long] * 4 + [ctypes.c_int] + [ptr] * 4  # A, Bt, S, dim, swap
-    library.normalize_forward.restype = None
-    library.normalize_backward.argtypes = [long] * 4 + [ctypes.c_int] + [ptr] * 6
-    library.normalize_backward.restype = None
-    library.attention_forward.argtypes = [long] * 4 + [ctypes.c_int] + [ptr] * 10  # batch, queries, slots, dim
-    library.attention_forward.restype = None
-    library.attention_backward.argtypes = [long] * 4 + [ctypes.c_int] + [ptr] * 14
-    library.attention_backward.restype = None
-    library.pool_forward.argtypes = [long] * 3 + [ctypes.c_int] + [ptr] * 3  # batch, slots, dim, mean
-    library.pool_forward.restype = None
-    library.pool_backward.argtypes = [long] * 3 + [ctypes.c_int] + [ptr] * 3
-    library.pool_backward.restype = None
+    missing = [name for name in _SIGNATURES if not hasattr(library, name)]
+    if missing:  # a stale or foreign file under the cache's name: "auto" falls back to eager
+        return f"the cached kernel {target} lacks {', '.join(missing)}; delete it to rebuild, or set $PANM_HF_CACHE"
+    for name, argtypes in _SIGNATURES.items():
+        function = getattr(library, name)
+        function.argtypes, function.restype = argtypes, None
     return library
 
 
@@ -148,11 +148,9 @@ def register_triton() -> str | None:
 def unavailable_reason(dtype: torch.dtype, device: torch.device, *, explicit: bool = False) -> str | None:
     """Why the fused Pointer-Unit kernel cannot run for tensors of this dtype and device; None when it can.
 
-    On CUDA it is the Triton port, checked only under Triton's interpreter so far (no GPU was available):
-    it runs when asked for explicitly (`recurrence_kernel="fused"`), not under `"auto"`."""
+    On CUDA it is the Triton port, under `"auto"` and `"fused"` alike (`explicit` is kept for callers that
+    pass it); a missing Triton is the reason, so `"auto"` falls back to the eager loop."""
     if device.type == "cuda":
-        if not explicit:
-            return 'the Triton kernel for CUDA is not validated on a GPU yet; it runs with recurrence_kernel="fused"'
         if dtype not in DTYPES:
             return f"no fused kernel for dtype {dtype} (float32 and float64 only)"
         return register_triton()

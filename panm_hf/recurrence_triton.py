@@ -1,10 +1,11 @@
-"""The Pointer-Unit recurrence as Triton kernels: the C kernel's algorithm for GPUs (experimental).
+"""The Pointer-Unit recurrence as Triton kernels: the C kernel's algorithm for GPUs.
 
 One program per (sample, unit) row runs all decoding steps, forward (`pointer_forward_triton`) and backward
 (`pointer_backward_triton`), with the same saved states and outputs as `panm_hf.recurrence_kernel`'s C
-kernel, so the same custom ops can dispatch to it on CUDA. Written and checked against the C kernel with
-Triton's interpreter (`TRITON_INTERPRET=1`, CPU tensors) only: no GPU was available to time or validate
-it, so `recurrence_kernel="auto"` does not pick it; it is not imported unless Triton is installed.
+kernel, so the same custom ops can dispatch to it on CUDA (`recurrence_kernel="auto"` or `"fused"`).
+Checked against the C kernel under Triton's interpreter (`TRITON_INTERPRET=1`, CPU tensors; the test
+suite) and against the eager loop on a GPU (`tests/test_cuda.py`, run by hand where one is lent). It
+is not imported unless Triton is installed.
 """
 
 from __future__ import annotations

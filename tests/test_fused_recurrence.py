@@ -326,10 +326,16 @@ def test_triton_port_matches_the_c_kernel_under_the_interpreter():
     assert result.stdout.strip().endswith("OK")
 
 
-def test_cuda_runs_the_triton_kernel_only_when_asked_for():
+def test_cuda_takes_the_triton_kernel_under_auto_when_triton_imports(monkeypatch):
     cuda = torch.device("cuda")
-    assert "not validated" in kernel_module.unavailable_reason(torch.float32, cuda)
-    assert "dtype" in kernel_module.unavailable_reason(torch.float16, cuda, explicit=True)
+    assert "dtype" in kernel_module.unavailable_reason(torch.float16, cuda)
+    assert "dtype" in kernel_module.unavailable_reason(torch.bfloat16, cuda, explicit=True)
+    # without Triton, "auto" on CUDA gets a reason naming it (and so falls back to the eager loop)
+    monkeypatch.setattr(kernel_module, "register_triton", lambda: "the CUDA kernel needs Triton (missing)")
+    assert "Triton" in kernel_module.unavailable_reason(torch.float32, cuda)
+    monkeypatch.setattr(kernel_module, "register_triton", lambda: None)
+    assert kernel_module.unavailable_reason(torch.float32, cuda) is None
+    assert kernel_module.unavailable_reason(torch.float64, cuda, explicit=True) is None
 
 
 def test_an_unwritable_cache_gives_a_reason_not_an_error(monkeypatch, tmp_path):

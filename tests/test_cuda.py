@@ -1,0 +1,74 @@
+"""On a GPU: the Pointer Units' Triton kernel (what `recurrence_kernel="auto"` runs on CUDA) against the eager loop.
+
+Skipped without CUDA (CI has none); run by hand where a GPU is lent: `python -m pytest tests/test_cuda.py`.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_fused_recurrence import SHAPES, units_and_inputs
+
+from panm_hf import PanmConfig, PanmForSeq2SeqLM
+from panm_hf import recurrence_kernel as kernel_module
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+TOLERANCE = {torch.float64: dict(atol=1e-10, rtol=1e-9), torch.float32: dict(atol=2e-5, rtol=2e-4)}
+
+
+def outputs_and_grads(module, kernel, inputs):
+    """The Pointer Units' outputs under `kernel`, and the gradients of a fixed projection of them."""
+    module.recurrence_kernel = kernel
+    module.zero_grad()
+    leaves = {name: inputs[name].clone().requires_grad_() for name in ("pointers", "hidden", "address_bank")}
+    keys = module.address_keys(leaves["address_bank"])
+    outputs = module(
+        leaves["pointers"], leaves["hidden"], leaves["address_bank"], keys, inputs["mask"], inputs["steps"]
+    )
+    generator = torch.Generator(device="cuda").manual_seed(1)
+    loss = sum(
+        (out * torch.randn(out.shape, generator=generator, device="cuda", dtype=out.dtype)).sum() for out in outputs
+    )
+    loss.backward()
+    grads = [leaf.grad for leaf in leaves.values()] + [p.grad for p in module.parameters()]
+    return [o.detach() for o in outputs], grads
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("scoring", ["cosine", "dot"])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_triton_pointer_units_equal_eager_on_cuda(shape, scoring, dtype):
+    assert kernel_module.unavailable_reason(dtype, torch.device("cuda")) is None  # "auto" takes the kernel
+    module, inputs = units_and_inputs(*shape, dtype=dtype, scoring=scoring)
+    module = module.cuda()
+    inputs = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+    eager_out, eager_grads = outputs_and_grads(module, "eager", inputs)
+    fused_out, fused_grads = outputs_and_grads(module, "auto", inputs)
+    for eager, fused in zip(eager_out + eager_grads, fused_out + fused_grads, strict=True):
+        torch.testing.assert_close(fused, eager, **TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_seq2seq_training_step_is_the_same_with_the_triton_kernel(backbone_config, dtype):
+    models = {}
+    for kernel in ("eager", "auto"):
+        torch.manual_seed(0)
+        config = PanmConfig(text_config=backbone_config.to_dict(), placement="replace", address_bits=6,
+                            pointer_hidden_size=12, controller_hidden_size=12, mlp_hidden_size=10,
+                            recurrence_kernel=kernel)  # fmt: skip
+        models[kernel] = PanmForSeq2SeqLM(config).to("cuda", dtype).eval()  # eval: no dropout, base as given
+    models["auto"].load_state_dict(models["eager"].state_dict())
+    source = torch.randint(3, 99, (5, 9), device="cuda")
+    mask = torch.ones_like(source)
+    mask[1, 6:] = 0
+    labels = torch.randint(3, 99, (5, 7), device="cuda")
+    base = torch.tensor([0, 3, 17, 40, 63], device="cuda")
+    results = {}
+    for kernel, model in models.items():
+        # cuDNN's GRU (the Controller, either way) has no backward in eval mode: PyTorch's own GRU here
+        with torch.backends.cudnn.flags(enabled=False):
+            out = model(input_ids=source, attention_mask=mask, labels=labels, base_address=base)
+            out.loss.backward()
+        results[kernel] = [out.logits.detach()] + [p.grad for p in model.parameters() if p.grad is not None]
+    for eager, fused in zip(results["eager"], results["auto"], strict=True):
+        torch.testing.assert_close(fused, eager, **TOLERANCE[dtype])
