@@ -6,6 +6,7 @@ with their Auto classes.
 
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForQuestionAnswering, AutoModelForSeq2SeqLM
 
+from .adapter import PanmAdapterConfig
 from .addressing import binary_codes, build_address_bank, sample_base_address
 from .cache_panm import PanmCache, PanmDynamicCache
 from .configuration_panm import PanmConfig
@@ -31,6 +32,7 @@ __all__ = [
     "AddressedMemory",
     "BertWithPanmForQA",
     "BertWithPanmForQuestionAnswering",
+    "PanmAdapterConfig",
     "PanmCache",
     "PanmCausalLMOutputWithPast",
     "PanmConfig",

@@ -9,17 +9,35 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from operator import attrgetter
 from typing import Any
 
+import torch
 from torch import nn
+from transformers.models.auto.modeling_auto import (
+    MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+    MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+    MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES,
+)
+from transformers.models.bart.modeling_bart import shift_tokens_right as _bart_shift_tokens_right
+from transformers.models.mbart.modeling_mbart import shift_tokens_right as _mbart_shift_tokens_right
 
 
 def _t5_output_scale(config: Any) -> float:
     # T5 rescales the decoder output before a tied LM head (modeling_t5: scale_decoder_outputs).
     scale = getattr(config, "scale_decoder_outputs", getattr(config, "tie_word_embeddings", False))
     return config.d_model**-0.5 if scale else 1.0
+
+
+def _bart_decoder_inputs(input_ids: torch.Tensor, config: Any) -> torch.Tensor:
+    # BartModel.forward: without decoder inputs, the source shifted right behind decoder_start_token_id.
+    return _bart_shift_tokens_right(input_ids, config.pad_token_id, config.decoder_start_token_id)
+
+
+def _mbart_decoder_inputs(input_ids: torch.Tensor, config: Any) -> torch.Tensor:
+    # MBartModel.forward: the source shifted right, its last real token (the language code) moved to the front.
+    return _mbart_shift_tokens_right(input_ids, config.pad_token_id)
 
 
 @dataclass(frozen=True)
@@ -38,6 +56,8 @@ class Seq2SeqBackboneParts:
         output_scale: factor applied to decoder states before the LM head, from the config.
         vocab_models: the `PreTrainedModel`s whose `resize_token_embeddings` resizes the vocabulary
             ("" is the backbone itself; `EncoderDecoderModel` resizes its encoder and decoder).
+        decoder_inputs_from_source: `(input_ids, config) -> decoder_input_ids`, what the backbone's own
+            forward uses when it gets neither decoder inputs nor labels; None where it asks for them.
     """
 
     encoder: str
@@ -50,6 +70,12 @@ class Seq2SeqBackboneParts:
     encoder_to_decoder: str | None = None
     output_scale: Callable[[Any], float] | None = None
     vocab_models: tuple[str, ...] = ("",)
+    decoder_inputs_from_source: Callable[[torch.Tensor, Any], torch.Tensor] | None = None
+
+    @property
+    def required(self) -> tuple[str, ...]:
+        """The paths a backbone must have for the adapter to run."""
+        return (self.encoder, self.decoder, self.decoder_layers, self.lm_head)
 
 
 _BART_LIKE = Seq2SeqBackboneParts(
@@ -68,8 +94,8 @@ _T5_LIKE = Seq2SeqBackboneParts(
 )
 
 SEQ2SEQ_BACKBONES: dict[str, Seq2SeqBackboneParts] = {
-    "bart": _BART_LIKE,
-    "mbart": _BART_LIKE,
+    "bart": replace(_BART_LIKE, decoder_inputs_from_source=_bart_decoder_inputs),
+    "mbart": replace(_BART_LIKE, decoder_inputs_from_source=_mbart_decoder_inputs),
     "marian": _BART_LIKE,
     "pegasus": _BART_LIKE,
     "t5": _T5_LIKE,
@@ -102,6 +128,32 @@ def seq2seq_parts(config: Any) -> Seq2SeqBackboneParts:
             f"{sorted(SEQ2SEQ_BACKBONES)}. Add a row to panm_hf.backbones.SEQ2SEQ_BACKBONES."
         )
     return SEQ2SEQ_BACKBONES[model_type]
+
+
+def check_seq2seq_backbone(backbone: nn.Module) -> Seq2SeqBackboneParts:
+    """The table row for a model passed to `PanmForSeq2SeqLM.from_backbone`; ValueError naming it otherwise.
+
+    The model must be a supported encoder-decoder with its LM head (`BartForConditionalGeneration`,
+    `T5ForConditionalGeneration`, an `EncoderDecoderModel` over a decoder with an LM head), not the bare
+    `BartModel` or an encoder or decoder alone.
+    """
+    given = type(backbone).__name__
+    model_type = getattr(backbone.config, "model_type", None)
+    expected = MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES.get(model_type, "BartForConditionalGeneration")
+    try:
+        parts = seq2seq_parts(backbone.config)
+    except ValueError as error:
+        raise ValueError(
+            f"PanmForSeq2SeqLM needs an encoder-decoder with an LM head such as BartForConditionalGeneration; "
+            f"got {given}. {error}"
+        ) from None
+    missing = [path for path in parts.required if get_path(backbone, path) is None]
+    if missing:
+        raise ValueError(
+            f"PanmForSeq2SeqLM needs an encoder-decoder with an LM head such as {expected}; got {given}, which "
+            f"has no {', '.join(missing)}. Pass the model with its LM head."
+        )
+    return parts
 
 
 def get_path(root: Any, path: str | None) -> Any:
@@ -178,3 +230,32 @@ def causal_parts(config: Any) -> CausalBackboneParts:
             "BertWithPanmForQuestionAnswering). Add a row to panm_hf.backbones.CAUSAL_BACKBONES."
         )
     return CAUSAL_BACKBONES[model_type]
+
+
+def is_decoder_only(config: Any) -> bool:
+    """True for a decoder-only (causal) LM kind: a `CAUSAL_BACKBONES` row, or a model type with a causal-LM
+    class and no masked-LM one (encoders such as BERT have both)."""
+    model_type = getattr(config, "model_type", None)
+    if getattr(config, "is_encoder_decoder", False):
+        return False
+    has_masked_lm = model_type in MODEL_FOR_MASKED_LM_MAPPING_NAMES
+    return model_type in CAUSAL_BACKBONES or (model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and not has_masked_lm)
+
+
+def check_encoder_backbone(backbone: nn.Module) -> None:
+    """ValueError naming the model unless it is an encoder (`BertModel`, ...) or an encoder QA model
+    (`BertForQuestionAnswering`, ...), what `BertWithPanmForQuestionAnswering.from_backbone` wraps."""
+    given, config = type(backbone).__name__, backbone.config
+    expected = "BertWithPanmForQuestionAnswering needs an encoder such as BertModel or BertForQuestionAnswering"
+    if getattr(config, "is_encoder_decoder", False):
+        raise ValueError(f"{expected}; got the encoder-decoder {given} (use PanmForSeq2SeqLM for it).")
+    if is_decoder_only(config):
+        raise ValueError(
+            f"{expected}; got {given}, a decoder-only model of model_type={config.model_type!r} whose states see "
+            "only earlier tokens (use PanmForCausalLM for it)."
+        )
+    if getattr(backbone, "qa_outputs", None) is None and backbone.base_model is not backbone:
+        raise ValueError(
+            f"{expected}; got {given}, a model with another head. Pass its encoder "
+            f"(`model.{backbone.base_model_prefix}`) or a ...ForQuestionAnswering model."
+        )

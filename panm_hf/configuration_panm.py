@@ -68,6 +68,20 @@ class PanmConfig(PreTrainedConfig, PanmMemoryConfig):
         self.is_encoder_decoder = bool(getattr(self.text_config, "is_encoder_decoder", False))
         self.validate_panm()
 
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, **kwargs) -> PanmConfig:
+        """`PreTrainedConfig.from_pretrained`, which also reads a backbone's folder or Hub id.
+
+        A config of another `model_type` (a BART or GPT-2 checkpoint) becomes the `PanmConfig` that
+        `from_backbone` builds around it (it as `text_config`, default PANM fields, `kwargs` applied)
+        instead of a PANM config over a default BART. PEFT reads an adapter's base model this way
+        when it saves (to check whether its vocabulary was resized).
+        """
+        config_dict, kwargs = cls.get_config_dict(pretrained_model_name_or_path, **kwargs)
+        if config_dict.get("model_type", cls.model_type) != cls.model_type:
+            config_dict = {"text_config": config_dict}
+        return cls.from_dict(config_dict, **kwargs)
+
     def validate_panm(self) -> None:
         """`PanmMemoryConfig.validate` plus `placement`; ValueError naming the offending field."""
         PanmMemoryConfig.validate(self)

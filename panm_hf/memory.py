@@ -4,7 +4,7 @@
 runs the Pointer Units, the Mode-1/Mode-2 reads and the Controller, and returns
 the Controller's outputs together with the recurrent state, so a caller can
 decode all steps at once (teacher forcing) or one step at a time.
-Imports only torch and einops.
+Imports only torch.
 """
 
 from __future__ import annotations
@@ -129,6 +129,8 @@ class PanmMemory(nn.Module):
 
         Real slots get consecutive addresses `p_B, p_B + 1, ...` in order, whatever
         the padding side, so a sample's addresses do not depend on how it was padded.
+        Only real slots need addresses: a batch padded to more than `2^b` columns is
+        accepted while every sample has at most `2^b` real slots.
 
         Args:
             memory_states: `(batch, slots, memory_dim)`.
@@ -143,11 +145,6 @@ class PanmMemory(nn.Module):
                 f"got {tuple(memory_states.shape)}."
             )
         batch_size, num_slots, _ = memory_states.shape
-        if num_slots > self.max_slots:
-            raise ValueError(
-                f"The input has {num_slots} memory slots but address_bits={self.address_bits} gives only "
-                f"{self.max_slots} addresses; raise address_bits to at least {max(1, (num_slots - 1).bit_length())}."
-            )
         device = memory_states.device
         if attention_mask is None:
             mask = torch.ones(batch_size, num_slots, dtype=torch.bool, device=device)
@@ -158,6 +155,8 @@ class PanmMemory(nn.Module):
                     f"got {tuple(attention_mask.shape)}."
                 )
             mask = attention_mask.to(device=device).bool()
+        if num_slots > self.max_slots and batch_size:  # only real slots take addresses, not padding columns
+            self._check_fits(int(mask.sum(dim=-1).max()))
         if base_address is None:
             if self.training:
                 base_address = sample_base_address(batch_size, self.address_bits, generator=generator, device=device)
@@ -171,7 +170,9 @@ class PanmMemory(nn.Module):
                     f"got {base_address.dtype} {tuple(base_address.shape)}."
                 )
             base_address = base_address.long() % self.max_slots
-        positions = (mask.cumsum(dim=-1) - 1).clamp(min=0)  # (batch, slots) long: rank among real slots
+        # (batch, slots) long: rank among real slots; a padding slot takes the rank of the real slot before it
+        # (0 before the first), so every address stays below 2^b; padding is masked wherever addresses are read.
+        positions = (mask.cumsum(dim=-1) - 1).clamp(min=0)
         addresses = (base_address.unsqueeze(-1) + positions) % self.max_slots  # (batch, slots)
         lengths = mask.sum(dim=-1)
         address_mask = None
@@ -193,6 +194,15 @@ class PanmMemory(nn.Module):
             lengths=lengths,
             address_mask=address_mask,
         )
+
+    def _check_fits(self, real_slots: int) -> None:
+        """ValueError asking for more address bits when a sample has more real slots than addresses."""
+        if real_slots > self.max_slots:
+            raise ValueError(
+                f"The input has {real_slots} real (unpadded) memory slots in its longest sample but "
+                f"address_bits={self.address_bits} gives only {self.max_slots} addresses; raise address_bits to "
+                f"at least {max(1, (real_slots - 1).bit_length())}."
+            )
 
     def initial_state(self, memory: AddressedMemory, *, causal: bool = False) -> PanmState:
         """State before the first decoding step: `h^a_0 = 0`, `p^a_0` at base/end(/middle), `h^c_0` from `M`.

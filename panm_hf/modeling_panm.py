@@ -12,6 +12,7 @@ read out through the backbone's own LM head (tied embeddings and
 
 from __future__ import annotations
 
+import copy
 import os
 from dataclasses import dataclass
 
@@ -20,10 +21,12 @@ from torch import nn
 from transformers import AutoModelForSeq2SeqLM, GenerationMixin, PreTrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput
 
-from .backbones import get_path, seq2seq_parts, without_last_layer
+from .adapter import from_panm as _from_panm
+from .adapter import save_panm as _save_panm
+from .backbones import check_seq2seq_backbone, get_path, seq2seq_parts, without_last_layer
 from .cache_panm import BACKBONE_CACHE_KWARG, PanmCache, pop_cache_argument
 from .configuration_panm import PanmConfig
-from .memory import PanmMemory
+from .memory import PanmMemory, PanmMemoryOutput
 from .state import PanmState
 
 
@@ -160,7 +163,9 @@ class PanmPreTrainedModel(PreTrainedModel):
             **panm_kwargs: `PanmConfig` fields (`address_bits`, `placement`, `scoring`, ...).
 
         The backbone's weights are kept as loaded; only PANM's are initialised. The model is
-        moved to the backbone's device.
+        moved to the backbone's device, PANM's modules take the backbone's dtype, and a generating
+        model takes a copy of the backbone's `generation_config` (beams, penalties, ...).
+        A model of the wrong kind (no LM head, encoder for decoder, ...) gets a ValueError naming it.
         """
         path = backbone if isinstance(backbone, (str, os.PathLike)) else None
         if path is not None:
@@ -169,10 +174,83 @@ class PanmPreTrainedModel(PreTrainedModel):
             raise TypeError(
                 f"backbone must be a transformers PreTrainedModel or a path; got {type(backbone).__name__}."
             )
+        cls._check_backbone(backbone)
         config = cls.config_class(text_config=backbone.config.to_dict(), **panm_kwargs)
         model = cls._wrap(backbone, config)
         model._take_name_or_path(backbone, path)
+        model._take_backbone_dtype()
+        if model.can_generate() and getattr(backbone, "generation_config", None) is not None:
+            model.generation_config = copy.deepcopy(backbone.generation_config)
         return model.to(backbone.device)
+
+    @classmethod
+    def _check_backbone(cls, backbone: PreTrainedModel) -> None:
+        """ValueError naming `backbone` when this adapter cannot wrap its kind (checked before wrapping)."""
+
+    def save_panm(self, save_directory: str | os.PathLike, *, base_model_name_or_path: str | None = None) -> None:
+        """Save PANM's own weights and config, not the backbone's (as a PEFT adapter), for `from_panm`.
+
+        Writes `panm_config.json` (PANM's hyperparameters, `placement`, the model class and the base
+        model's name or path) and `panm_model.safetensors` (the weights outside `backbone.`: `panm.*`,
+        plus `output_norm.*` for `placement="residual"` or `qa_outputs.*` for QA). The backbone must
+        still hold the base's weights (train PANM alone, or save a fine-tuned backbone with
+        `save_pretrained` or PEFT); with `placement="replace"` the base keeps its last decoder layer.
+
+        Args:
+            save_directory: the folder to write (created if needed); push it to the Hub as any folder.
+            base_model_name_or_path: the base to record; defaults to `config.name_or_path`, which
+                `from_backbone` sets from the backbone's path.
+
+        Example:
+
+        ```python
+        model = PanmForSeq2SeqLM.from_backbone("facebook/bart-base", address_bits=8)
+        ...  # train PANM
+        model.save_panm("bart-base-panm")  # a few MB: PANM only
+        model = PanmForSeq2SeqLM.from_panm("bart-base-panm")  # loads facebook/bart-base, then PANM
+        ```
+        """
+        _save_panm(self, save_directory, base_model_name_or_path)
+
+    @classmethod
+    def from_panm(
+        cls,
+        panm_name_or_path: str | os.PathLike,
+        backbone: PreTrainedModel | str | os.PathLike | None = None,
+        **backbone_kwargs,
+    ) -> PanmPreTrainedModel:
+        """Wrap a base model with PANM weights saved by `save_panm`.
+
+        Args:
+            panm_name_or_path: the folder `save_panm` wrote, or a Hub repo id holding its files.
+            backbone: the base to wrap: a loaded model, or a local folder / Hub id (loaded by
+                `_load_backbone`); default the base recorded in `panm_config.json`. Any base of
+                the same shapes works (e.g. the recorded one in another dtype).
+            **backbone_kwargs: arguments for the base's `from_pretrained` (`dtype`, `revision`, ...);
+                `cache_dir`, `token`, `local_files_only`, `force_download`, `proxies` also fetch the
+                PANM files.
+
+        Returns:
+            The wrapped model in eval mode. PANM's weights are loaded strictly: a missing or unexpected
+            key, a shape the base does not fit (another hidden size) or a base that cannot be found
+            raises a ValueError naming it and the fix.
+
+        Example:
+
+        ```python
+        model = PanmForSeq2SeqLM.from_panm("bart-base-panm")
+        base = AutoModelForSeq2SeqLM.from_pretrained("facebook/bart-base", dtype=torch.bfloat16)
+        model = PanmForSeq2SeqLM.from_panm("bart-base-panm", backbone=base)
+        ```
+        """
+        return _from_panm(cls, panm_name_or_path, backbone, backbone_kwargs)
+
+    def _take_backbone_dtype(self) -> None:
+        # PANM's modules are built in the default dtype; a bf16/fp16 backbone would meet float32 weights.
+        dtype = self.backbone.dtype
+        for name, module in self.named_children():
+            if name != "backbone":
+                module.to(dtype)
 
     def get_input_embeddings(self) -> nn.Module:
         return self.backbone.get_input_embeddings()
@@ -238,6 +316,11 @@ class PanmForSeq2SeqLM(PanmPreTrainedModel, GenerationMixin):
 
     # -- HF plumbing ---------------------------------------------------------------------------
     @classmethod
+    def _check_backbone(cls, backbone: PreTrainedModel) -> None:
+        """A supported encoder-decoder with its LM head (`BartForConditionalGeneration`, not `BartModel`)."""
+        check_seq2seq_backbone(backbone)
+
+    @classmethod
     def _load_backbone(cls, path: str | os.PathLike, **kwargs) -> PreTrainedModel:
         """An encoder-decoder (`AutoModelForSeq2SeqLM`); `placement="replace"` drops its last decoder layer."""
         return AutoModelForSeq2SeqLM.from_pretrained(path, **kwargs)
@@ -284,8 +367,9 @@ class PanmForSeq2SeqLM(PanmPreTrainedModel, GenerationMixin):
 
         Args:
             input_ids, attention_mask: source tokens and mask; the mask also masks PANM's memory.
-            decoder_input_ids, decoder_attention_mask: target-side inputs; derived from `labels`
-                by the backbone's own shift when omitted.
+            decoder_input_ids, decoder_attention_mask: target-side inputs; when omitted, derived from
+                `labels` by the backbone's own shift, or without labels from `input_ids` where the
+                backbone's own forward does so (BART, mBART); other backbones ask for them.
             encoder_outputs: precomputed encoder outputs (as `generate()` passes them).
             past_key_values: a `PanmCache` (any backbone cache is upgraded to one) holding the
                 backbone's KV cache and PANM's state for incremental decoding; also accepted as
@@ -293,25 +377,16 @@ class PanmForSeq2SeqLM(PanmPreTrainedModel, GenerationMixin):
             labels: target tokens; `-100` is ignored by the loss.
             base_address: `(batch,)` PANM base addresses; default random in training, 0 in eval.
             output_attentions: also return PANM's address and Mode-2 attention maps.
+            output_hidden_states: also return the hidden states; `decoder_hidden_states` ends with
+                PANM's output (what the LM head reads), after the backbone decoder's own.
         """
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         if labels is not None:
             use_cache = False
-            if decoder_input_ids is None and decoder_inputs_embeds is None:
-                decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
+        decoder_input_ids = self._decoder_input_ids(input_ids, decoder_input_ids, decoder_inputs_embeds, labels)
         use_cache = use_cache if use_cache is not None else getattr(self.config.text_config, "use_cache", True)
         extra = self._output_flags(output_attentions, output_hidden_states)
-
-        if encoder_outputs is None:
-            encoder_outputs = self.get_encoder()(
-                input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds, **extra
-            )
-        elif not isinstance(encoder_outputs, BaseModelOutput):
-            encoder_outputs = BaseModelOutput(
-                last_hidden_state=encoder_outputs[0],
-                hidden_states=encoder_outputs[1] if len(encoder_outputs) > 1 else None,
-                attentions=encoder_outputs[2] if len(encoder_outputs) > 2 else None,
-            )
+        encoder_outputs = self._encode(input_ids, attention_mask, inputs_embeds, encoder_outputs, extra)
         memory_states = encoder_outputs.last_hidden_state  # (batch, src_len, memory_dim)
         projection = get_path(self.backbone, self.parts.encoder_to_decoder)
         cross_states = projection(memory_states) if projection is not None else memory_states
@@ -330,7 +405,93 @@ class PanmForSeq2SeqLM(PanmPreTrainedModel, GenerationMixin):
             **extra,
         )
         decoder_states = decoder_outputs.last_hidden_state  # (batch, tgt_len, decoder_dim) = z_t
+        panm_output = self._panm(
+            memory_states, attention_mask, decoder_states, cache, past_length, base_address, output_attentions
+        )
+        hidden = self._combine(decoder_states, panm_output.hidden_states)  # (batch, tgt_len, decoder_dim)
+        logits = self._logits(hidden)  # (batch, tgt_len, vocab)
 
+        loss = None
+        if labels is not None:
+            loss = nn.functional.cross_entropy(
+                logits.float().flatten(0, 1), labels.to(logits.device).flatten(), ignore_index=-100
+            )
+        decoder_hidden_states = getattr(decoder_outputs, "hidden_states", None)
+        if decoder_hidden_states is not None:  # PANM is the last decoder layer: what the LM head reads comes last
+            decoder_hidden_states = (*decoder_hidden_states, hidden)
+
+        output = PanmSeq2SeqLMOutput(
+            loss=loss,
+            logits=logits,
+            **{BACKBONE_CACHE_KWARG: cache},
+            decoder_hidden_states=decoder_hidden_states,
+            decoder_attentions=getattr(decoder_outputs, "attentions", None),
+            cross_attentions=getattr(decoder_outputs, "cross_attentions", None),
+            encoder_last_hidden_state=memory_states,
+            encoder_hidden_states=encoder_outputs.hidden_states,
+            encoder_attentions=encoder_outputs.attentions,
+            address_attentions=panm_output.address_attentions,
+            mode2_attentions=panm_output.mode2_attentions,
+        )
+        return output if return_dict else output.to_tuple()
+
+    def _decoder_input_ids(
+        self,
+        input_ids: torch.LongTensor | None,
+        decoder_input_ids: torch.LongTensor | None,
+        decoder_inputs_embeds: torch.Tensor | None,
+        labels: torch.LongTensor | None,
+    ) -> torch.LongTensor | None:
+        """The given decoder inputs; else `labels` shifted right; else what the backbone's own forward derives
+        from `input_ids` (BART: the source shifted right); a ValueError where it derives none."""
+        if decoder_input_ids is not None or decoder_inputs_embeds is not None:
+            return decoder_input_ids
+        if labels is not None:
+            return self.prepare_decoder_input_ids_from_labels(labels)
+        from_source = self.parts.decoder_inputs_from_source
+        if from_source is None or input_ids is None:
+            reason = (
+                "input_ids is None" if from_source is not None
+                else f"a {self.config.text_config.model_type!r} backbone makes none from input_ids"
+            )  # fmt: skip
+            raise ValueError(
+                f"PanmForSeq2SeqLM got no decoder inputs and {reason}: pass decoder_input_ids (or "
+                "decoder_inputs_embeds), or labels to derive them from."
+            )
+        return from_source(input_ids, self.config.text_config)
+
+    def _encode(
+        self,
+        input_ids: torch.LongTensor | None,
+        attention_mask: torch.Tensor | None,
+        inputs_embeds: torch.Tensor | None,
+        encoder_outputs: tuple | BaseModelOutput | None,
+        extra: dict,
+    ) -> BaseModelOutput:
+        """The backbone encoder's outputs: run here, or the given ones (a tuple is wrapped)."""
+        if encoder_outputs is None:
+            return self.get_encoder()(
+                input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds, **extra
+            )
+        if isinstance(encoder_outputs, BaseModelOutput):
+            return encoder_outputs
+        return BaseModelOutput(
+            last_hidden_state=encoder_outputs[0],
+            hidden_states=encoder_outputs[1] if len(encoder_outputs) > 1 else None,
+            attentions=encoder_outputs[2] if len(encoder_outputs) > 2 else None,
+        )
+
+    def _panm(
+        self,
+        memory_states: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        decoder_states: torch.Tensor,
+        cache: PanmCache | None,
+        past_length: int,
+        base_address: torch.LongTensor | None,
+        output_attentions: bool | None,
+    ) -> PanmMemoryOutput:
+        """PANM over the decoder states, continuing from (and updating) the cache's state when there is one."""
         state: PanmState | None = None
         memory = None
         if cache is not None:
@@ -346,35 +507,15 @@ class PanmForSeq2SeqLM(PanmPreTrainedModel, GenerationMixin):
         if cache is not None:
             cache.panm_state, cache.panm_memory = panm_output.state, panm_output.memory
             cache.panm_steps = past_length + decoder_states.shape[1]
+        return panm_output
 
+    def _combine(self, decoder_states: torch.Tensor, panm_states: torch.Tensor) -> torch.Tensor:
+        """What the LM head reads: z_t plus PANM's output ("stack"), its post-LN sum ("residual"), or PANM's alone."""
         if self.config.placement == "stack":
-            hidden = decoder_states + panm_output.hidden_states.to(decoder_states.dtype)
-        elif self.config.placement == "residual":
-            hidden = self.output_norm(decoder_states + panm_output.hidden_states.to(decoder_states.dtype))
-        else:
-            hidden = panm_output.hidden_states
-        logits = self._logits(hidden)  # (batch, tgt_len, vocab)
-
-        loss = None
-        if labels is not None:
-            loss = nn.functional.cross_entropy(
-                logits.float().flatten(0, 1), labels.to(logits.device).flatten(), ignore_index=-100
-            )
-
-        output = PanmSeq2SeqLMOutput(
-            loss=loss,
-            logits=logits,
-            **{BACKBONE_CACHE_KWARG: cache},
-            decoder_hidden_states=getattr(decoder_outputs, "hidden_states", None),
-            decoder_attentions=getattr(decoder_outputs, "attentions", None),
-            cross_attentions=getattr(decoder_outputs, "cross_attentions", None),
-            encoder_last_hidden_state=memory_states,
-            encoder_hidden_states=encoder_outputs.hidden_states,
-            encoder_attentions=encoder_outputs.attentions,
-            address_attentions=panm_output.address_attentions,
-            mode2_attentions=panm_output.mode2_attentions,
-        )
-        return output if return_dict else output.to_tuple()
+            return decoder_states + panm_states.to(decoder_states.dtype)
+        if self.config.placement == "residual":
+            return self.output_norm(decoder_states + panm_states.to(decoder_states.dtype))
+        return panm_states
 
 
 __all__ = ["PanmForSeq2SeqLM", "PanmPreTrainedModel", "PanmSeq2SeqLMOutput"]

@@ -85,6 +85,12 @@ class PanmForCausalLM(PanmPreTrainedModel, GenerationMixin):
                 f"PanmForCausalLM supports placement='stack' only (got placement={config.placement!r}): the "
                 "Controller is added after the last layer through a zero-initialised residual."
             )
+        if config.recurrence_kernel == "fused":
+            raise ValueError(
+                'PanmForCausalLM cannot run recurrence_kernel="fused": causal decoding masks every step '
+                "differently (step t reads slots <= t only), which the fused kernel does not cover. Use "
+                'recurrence_kernel="auto" (fused where it applies) or "eager".'
+            )
         if backbone is None:
             backbone = AutoModelForCausalLM.from_config(config.text_config)
         if get_path(backbone, self.parts.lm_head) is None or get_path(backbone, self.parts.body) is None:
@@ -95,7 +101,6 @@ class PanmForCausalLM(PanmPreTrainedModel, GenerationMixin):
         self.backbone = backbone
         hidden_size = get_path(config.text_config, self.parts.hidden_size)
         self.panm = PanmMemory(config, memory_dim=hidden_size, decoder_input_size=hidden_size, output_size=hidden_size)
-        self._generation_pad_columns = 0
         self.post_init()
 
     def _zero_init_module(self) -> torch.nn.Module:
@@ -113,26 +118,25 @@ class PanmForCausalLM(PanmPreTrainedModel, GenerationMixin):
         return get_path(self.backbone, self.parts.body)
 
     # -- generation ------------------------------------------------------------------------------
-    def generate(self, *args, **kwargs):
-        """`GenerationMixin.generate`, first checking that prompt + new tokens fit in `2^address_bits` slots.
-
-        Padding columns shared by every prompt are not memory and do not count.
-        """
-        mask = kwargs.get("attention_mask")
+    def _prepare_generation_config(self, generation_config, **kwargs):
+        # generate() works on its own copy of the generation config: the prompt's padding count travels on
+        # that copy to _validate_generated_length, so concurrent generate() calls never see each other's.
+        generation_config, model_kwargs = super()._prepare_generation_config(generation_config, **kwargs)
+        mask = model_kwargs.get("attention_mask")
         pads = int((mask == 0).sum(dim=-1).min()) if mask is not None and mask.dim() == 2 and mask.numel() else 0
-        self._generation_pad_columns = pads
-        try:
-            return super().generate(*args, **kwargs)
-        finally:
-            self._generation_pad_columns = 0
+        generation_config._panm_pad_columns = pads
+        return generation_config, model_kwargs
 
     def _validate_generated_length(self, generation_config, input_ids_length, has_default_max_length):
-        # Runs inside generate() once max_length is final and before any token is generated.
+        """Also check that prompt + new tokens fit in `2^address_bits` slots; padding columns shared by every
+        prompt are not memory and do not count. Runs inside generate() once max_length is final and before
+        any token is generated."""
         super()._validate_generated_length(generation_config, input_ids_length, has_default_max_length)
-        slots = generation_config.max_length - self._generation_pad_columns
+        pads = getattr(generation_config, "_panm_pad_columns", 0)
+        slots = generation_config.max_length - pads
         if slots > self.panm.max_slots:
             bits = max(1, (slots - 1).bit_length())
-            prompt = input_ids_length - self._generation_pad_columns
+            prompt = input_ids_length - pads
             raise ValueError(
                 f"generate() would put up to {slots} tokens (the prompt's {prompt} "
                 f"plus {generation_config.max_length - input_ids_length} new) in PANM's causal memory, but "
@@ -215,6 +219,8 @@ class PanmForCausalLM(PanmPreTrainedModel, GenerationMixin):
                 LMs); `-100` is ignored by the loss.
             base_address: `(batch,)` PANM base addresses; default random in training, 0 in eval.
             output_attentions: also return PANM's address and Mode-2 attention maps.
+            output_hidden_states: also return the hidden states; they end with PANM's output added to
+                the backbone's last state (what the LM head reads), after the backbone's own.
         """
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         past_key_values = pop_cache_argument(past_key_values, kwargs)
@@ -259,7 +265,11 @@ class PanmForCausalLM(PanmPreTrainedModel, GenerationMixin):
             cache.panm_state, cache.panm_memory = panm_output.state, panm_output.memory
             cache.panm_steps = past_length + new_length
 
-        logits = get_path(self.backbone, self.parts.lm_head)(hidden + panm_hidden.to(hidden.dtype))  # (b, new, vocab)
+        head_input = hidden + panm_hidden.to(hidden.dtype)  # (batch, new, dim): what the LM head reads
+        logits = get_path(self.backbone, self.parts.lm_head)(head_input)  # (batch, new, vocab)
+        hidden_states = getattr(body_outputs, "hidden_states", None)
+        if hidden_states is not None:  # PANM is the last layer: what the LM head reads comes last
+            hidden_states = (*hidden_states, head_input)
 
         loss = None
         if labels is not None:
@@ -273,7 +283,7 @@ class PanmForCausalLM(PanmPreTrainedModel, GenerationMixin):
             loss=loss,
             logits=logits,
             **{BACKBONE_CACHE_KWARG: cache},
-            hidden_states=getattr(body_outputs, "hidden_states", None),
+            hidden_states=hidden_states,
             attentions=getattr(body_outputs, "attentions", None),
             address_attentions=panm_output.address_attentions,
             mode2_attentions=panm_output.mode2_attentions,

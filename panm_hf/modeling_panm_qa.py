@@ -45,6 +45,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForQuestionAnswering, P
 from transformers.modeling_outputs import QuestionAnsweringModelOutput
 from transformers.models.auto.modeling_auto import MODEL_MAPPING
 
+from .backbones import check_encoder_backbone
 from .configuration_panm import PanmConfig
 from .memory import PanmMemory
 from .modeling_panm import PanmPreTrainedModel
@@ -102,6 +103,11 @@ class BertWithPanmForQuestionAnswering(PanmPreTrainedModel):
             nn.init.zeros_(module.bias)
             return
         super()._init_weights(module)
+
+    @classmethod
+    def _check_backbone(cls, backbone: PreTrainedModel) -> None:
+        """An encoder (`BertModel`, ...) or an encoder QA model; not a decoder-only or encoder-decoder model."""
+        check_encoder_backbone(backbone)
 
     @classmethod
     def _load_backbone(cls, path: str | os.PathLike, **kwargs) -> PreTrainedModel:

@@ -185,13 +185,14 @@ def test_from_pretrained_with_an_explicit_panm_config_still_loads_backbone_weigh
 def test_from_backbone_records_the_backbones_name_or_path(tmp_path):
     AutoModelForSeq2SeqLM.from_config(BACKBONES["bart"]()).save_pretrained(tmp_path / "bart")
     BertForQuestionAnswering(tiny_bert()).save_pretrained(tmp_path / "bert-qa")
-    for model_class, folder in ((PanmForSeq2SeqLM, tmp_path / "bart"),
-                                (BertWithPanmForQuestionAnswering, tmp_path / "bert-qa")):  # fmt: skip
+    cases = ((PanmForSeq2SeqLM, tmp_path / "bart", AutoModelForSeq2SeqLM),
+             (BertWithPanmForQuestionAnswering, tmp_path / "bert-qa", AutoModel))  # fmt: skip
+    for model_class, folder, auto_class in cases:
         model = model_class.from_backbone(folder, **TINY_PANM)
         # PEFT's adapters record the base model as model.name_or_path (config._name_or_path)
         assert model.name_or_path == model.config.name_or_path == model.config._name_or_path == str(folder)
         # a backbone loaded first gives its own path
-        loaded = model_class.from_backbone(AutoModel.from_pretrained(folder), **TINY_PANM)
+        loaded = model_class.from_backbone(auto_class.from_pretrained(folder), **TINY_PANM)
         assert loaded.name_or_path == loaded.config.name_or_path == str(folder)
     _, fresh = wrap("bart")  # a backbone built from a config has no path: nothing to record
     assert fresh.name_or_path == fresh.config.name_or_path == ""
