@@ -455,8 +455,9 @@ def test_run_qa_example_end_to_end(squad_dir, tmp_path):
     ])
     with open(tmp_path / "qa_results.json", encoding="utf-8") as handle:
         assert json.load(handle) == json.loads(json.dumps(results))
-    assert results["split"]["train_questions"] == results["split"]["test_questions"] == 14
-    assert results["split"]["max_train_context_words"] <= results["split"]["min_test_context_words"]
+    assert results["split"]["train_questions"] == results["split"]["eval_questions"] == 14
+    assert results["split"]["max_train_context_words"] <= results["split"]["min_eval_context_words"]
+    assert results["settings"]["length_split"] is True
     for name, class_name in (("bert", "BertForQuestionAnswering"), ("panm", "BertWithPanmForQuestionAnswering")):
         entry = results["models"][name]
         assert entry["class"] == class_name and entry["train_steps"] == 2
