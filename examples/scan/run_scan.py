@@ -1,0 +1,352 @@
+#!/usr/bin/env python
+"""SCAN length generalisation: Transformer vs Transformer + PANM at a length cut-off (paper, Table 3 left).
+
+The cut-off protocol of Newman et al. 2020 / Csordas et al. 2021 on SCAN's `tasks.txt`: commands whose
+action sequence has at most `--cutoff` L actions form the training range, 10% of it (NumPy
+`RandomState(1234)`, as Csordas et al.) is held out as an i.i.d. set, and every longer command is the
+test set (L = 22 is SCAN's standard length split). Word-level vocabulary, greedy decoding, exact
+match overall and per target length, and the EOS diagnosis: for every wrong output, did it stop
+early, run late, or have the right length with wrong content.
+
+Both models share the backbone config, the vocabulary, the data order, the seed and the step budget;
+the PANM model is the same backbone with PANM plugged into its decoder (`--placement`, and every
+`PanmMemoryConfig` field). `--decoder_positions none` removes the decoder's absolute positions
+(zeroed and frozen), for either model. `--eval_every N` scores a fixed sample of the test and
+i.i.d. sets every N steps: the curve against steps.
+
+    python examples/scan/run_scan.py --data_dir ../shared/data/scan --cutoff 26 \
+        --output_dir runs/scan_smoke --model both --smoke --report_to none
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import sys
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from datasets import Dataset
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+from transformers import (
+    HfArgumentParser,
+    PreTrainedTokenizerFast,
+    Seq2SeqTrainingArguments,
+    TrainerCallback,
+    set_seed,
+)
+
+from panm_hf import PanmMemoryConfig
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "translation"))
+from run_translation import (  # noqa: E402
+    MODELS,
+    apply_smoke,
+    backbone_config,
+    build_model,
+    model_trainer,
+    validate_model_args,
+)
+from run_translation import ModelArguments as TranslationModelArguments  # noqa: E402
+
+PAD, UNK, BOS, EOS = "<pad>", "<unk>", "<s>", "</s>"
+CUTOFFS = (22, 24, 25, 26, 27, 28, 30, 32, 33, 36, 40)  # the paper's Table 3
+DECODER_POSITIONS = ("absolute", "none")
+HELDOUT_SEED = 1234  # Csordas et al.'s scan_length_resplit
+# The design the SCAN page recommends for PANM (docs/results/scan.md): the paper's integration.
+SCAN_PANM_FLAGS = {"placement": "replace", "panm_drop_path": 0.0}
+
+
+@dataclass
+class ModelArguments(TranslationModelArguments):
+    """The translation example's model flags with the SCAN defaults (Csordas et al.'s trafo_scan sizes)."""
+
+    backbone: str = field(
+        default="bart", metadata={"help": "bart (learned positions), marian (sinusoidal) or t5 (relative)."}
+    )
+    num_layers: int = field(default=3, metadata={"help": "Encoder and decoder layers (Csordas et al.: 3 + 3)."})
+    d_model: int = field(default=128, metadata={"help": "Transformer hidden size."})
+    ffn_dim: int = field(default=256, metadata={"help": "Transformer feed-forward size."})
+    attention_heads: int = field(default=4, metadata={"help": "Attention heads per layer (Csordas et al.: 8)."})
+    vocab_size: int = field(default=0, metadata={"help": "Unused: the vocabulary is SCAN's words."})
+    decoder_positions: str = field(
+        default="absolute",
+        metadata={"help": "absolute: the backbone's own; none: the decoder's absolute positions zeroed and frozen."},
+    )
+
+
+@dataclass
+class DataArguments:
+    """Which cut-off, and how much of the data."""
+
+    data_dir: str = field(default="../shared/data/scan", metadata={"help": "Folder with tasks.txt.gz."})
+    cutoff: int = field(default=22, metadata={"help": "L: train on at most L actions, test on longer (paper: 22-40)."})
+    heldout_fraction: float = field(default=0.1, metadata={"help": "i.i.d. share of the training range (0.1)."})
+    max_train_samples: int | None = field(default=None, metadata={"help": "Random subset of the training range."})
+    max_test_samples: int | None = field(default=None, metadata={"help": "Random subset of the test set."})
+    max_heldout_samples: int | None = field(default=None, metadata={"help": "Random subset of the i.i.d. set."})
+    eval_every: int = field(default=0, metadata={"help": "Score a sample of test and i.i.d. every N steps (0: off)."})
+    curve_samples: int = field(default=512, metadata={"help": "Size of that sample (each set)."})
+    max_new_tokens: int = field(default=64, metadata={"help": "Greedy decoding limit (SCAN's longest: 48 + EOS)."})
+    smoke: bool = field(default=False, metadata={"help": "Tiny slice and tiny models: a CI run in seconds."})
+
+
+SMOKE_OVERRIDES = {
+    "model": {"d_model": 32, "ffn_dim": 64, "attention_heads": 2, "num_layers": 2},
+    "panm": {"pointer_hidden_size": 32, "controller_hidden_size": 32, "mlp_hidden_size": 32},
+    "data": {"max_train_samples": 256, "max_test_samples": 32, "max_heldout_samples": 16, "max_new_tokens": 56},
+    "training": {"max_steps": 6, "per_device_train_batch_size": 32, "learning_rate": 3e-3, "warmup_steps": 0},
+}  # fmt: skip
+
+
+@dataclass
+class ScanSplit:
+    """Commands and action sequences (space-separated words) of one set."""
+
+    commands: list[str]
+    actions: list[str]
+
+    def subset(self, limit: int | None, seed: int) -> ScanSplit:
+        if limit is None or limit >= len(self.commands):
+            return self
+        keep = np.sort(np.random.RandomState(seed).permutation(len(self.commands))[:limit])
+        return ScanSplit([self.commands[i] for i in keep], [self.actions[i] for i in keep])
+
+
+def read_tasks(path: Path) -> ScanSplit:
+    """`IN: <command> OUT: <actions>` lines of SCAN's gzipped tasks file; ValueError naming a damaged line."""
+    if not path.is_file():
+        raise ValueError(f"{path} does not exist; --data_dir must hold SCAN's tasks.txt.gz (see shared/data/scan).")
+    commands, actions = [], []
+    with gzip.open(path, "rt", encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            head, sep, tail = line.strip().partition(" OUT: ")
+            if not sep or not head.startswith("IN: "):
+                raise ValueError(f"{path}, line {number}: expected 'IN: <command> OUT: <actions>', got {line!r}.")
+            commands.append(head[len("IN: ") :])
+            actions.append(tail)
+    if not commands:
+        raise ValueError(f"{path} holds no commands.")
+    return ScanSplit(commands, actions)
+
+
+def cutoff_split(tasks: ScanSplit, cutoff: int, heldout_fraction: float) -> tuple[ScanSplit, ScanSplit, ScanSplit]:
+    """(train, i.i.d. held-out, test): at most `cutoff` actions train, 10% of them held out, longer ones test."""
+    lengths = np.array([len(a.split()) for a in tasks.actions])  # (num_commands,)
+    short, long = np.flatnonzero(lengths <= cutoff), np.flatnonzero(lengths > cutoff)
+    if len(short) == 0 or len(long) == 0:
+        raise ValueError(f"--cutoff {cutoff} leaves an empty training or test set; SCAN's outputs have 1-48 actions.")
+    order = np.random.RandomState(HELDOUT_SEED).permutation(len(short))
+    num_heldout = int(round(heldout_fraction * len(short)))
+    heldout, train = np.sort(short[order[:num_heldout]]), np.sort(short[order[num_heldout:]])
+
+    def pick(indices):
+        return ScanSplit([tasks.commands[i] for i in indices], [tasks.actions[i] for i in indices])
+
+    return pick(train), pick(heldout), pick(long)
+
+
+def word_tokenizer(texts: list[str]) -> PreTrainedTokenizerFast:
+    """A word-level tokenizer over the words of `texts`; every sequence ends with `</s>`."""
+    words = sorted({word for text in texts for word in text.split()})
+    vocab = {token: index for index, token in enumerate([PAD, UNK, BOS, EOS, *words])}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token=UNK))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
+    tokenizer.post_processor = processors.TemplateProcessing(single=f"$A {EOS}", special_tokens=[(EOS, vocab[EOS])])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, pad_token=PAD, unk_token=UNK, bos_token=BOS, eos_token=EOS
+    )
+
+
+def tokenize(split: ScanSplit, tokenizer) -> Dataset:
+    encoded = tokenizer(split.commands)
+    labels = tokenizer(split.actions)
+    return Dataset.from_dict(
+        {"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"], "labels": labels["input_ids"]}
+    )
+
+
+def remove_decoder_positions(model: torch.nn.Module) -> None:
+    """Zero and freeze the decoder's absolute position embeddings (BART's learned, Marian's sinusoidal)."""
+    positions = getattr(model.get_decoder(), "embed_positions", None)
+    if positions is None:
+        raise ValueError("--decoder_positions none needs a decoder with absolute positions (bart or marian).")
+    with torch.no_grad():
+        positions.weight.zero_()
+    positions.weight.requires_grad_(False)
+
+
+@torch.no_grad()
+def greedy_actions(model, split: ScanSplit, tokenizer, batch_size: int, max_new_tokens: int) -> list[str]:
+    """Greedy action sequences for `split.commands`, decoded to space-separated words."""
+    was_training = model.training
+    model.eval()
+    outputs = []
+    for start in range(0, len(split.commands), batch_size):
+        batch = tokenizer(split.commands[start : start + batch_size], padding=True, return_tensors="pt")
+        generated = model.generate(
+            input_ids=batch["input_ids"].to(model.device),
+            attention_mask=batch["attention_mask"].to(model.device),
+            max_new_tokens=max_new_tokens, num_beams=1, do_sample=False,
+        )  # fmt: skip
+        outputs += [" ".join(t.split()) for t in tokenizer.batch_decode(generated, skip_special_tokens=True)]
+    model.train(was_training)
+    return outputs
+
+
+def score(predictions: list[str], split: ScanSplit) -> dict:
+    """Exact match overall and per target length, and the EOS diagnosis of the wrong outputs."""
+    target_lengths = [len(a.split()) for a in split.actions]
+    predicted_lengths = [len(p.split()) for p in predictions]
+    correct = [p == a for p, a in zip(predictions, split.actions)]
+    outcome = Counter()
+    by_length: dict[int, list] = {}
+    for ok, predicted, target in zip(correct, predicted_lengths, target_lengths):
+        outcome[
+            "correct" if ok else "early" if predicted < target else "late" if predicted > target else "content"
+        ] += 1
+        by_length.setdefault(target, []).append((ok, predicted))
+    total = len(predictions)
+    return {
+        "exact_match": 100.0 * sum(correct) / total,
+        "num_examples": total,
+        # share of all examples: right; stopped early; ran late; right length, wrong content
+        "eos_diagnosis": {key: 100.0 * outcome[key] / total for key in ("correct", "early", "late", "content")},
+        "per_length": {
+            str(length): {
+                "count": len(items),
+                "exact_match": 100.0 * sum(ok for ok, _ in items) / len(items),
+                "mean_predicted_length": float(np.mean([predicted for _, predicted in items])),
+            }
+            for length, items in sorted(by_length.items())
+        },
+    }
+
+
+class CurveCallback(TrainerCallback):
+    """Every `every` steps, greedy exact match on fixed samples of the test and i.i.d. sets."""
+
+    def __init__(self, sets: dict[str, ScanSplit], tokenizer, every: int, batch_size: int, max_new_tokens: int):
+        self.sets, self.tokenizer, self.every = sets, tokenizer, every
+        self.batch_size, self.max_new_tokens = batch_size, max_new_tokens
+        self.curve: list[dict] = []
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        if self.every and state.global_step % self.every == 0 and state.is_world_process_zero:
+            point = {"step": state.global_step}
+            for name, split in self.sets.items():
+                predictions = greedy_actions(model, split, self.tokenizer, self.batch_size, self.max_new_tokens)
+                scored = score(predictions, split)
+                point[f"{name}_exact_match"] = scored["exact_match"]
+                point[f"{name}_eos"] = scored["eos_diagnosis"]
+            self.curve.append(point)
+            print(json.dumps(point), flush=True)
+
+
+def run_one(name, model_args, panm_args, data_args, training_args, tokenizer, config, datasets, sets) -> dict:
+    """Train one model for the step budget, then score the test and i.i.d. sets."""
+    set_seed(training_args.seed)  # both models start from the same random stream and see the same batches
+    model = build_model(name, model_args, panm_args, config)
+    if model_args.decoder_positions == "none":
+        remove_decoder_positions(model)
+    batch_size = training_args.per_device_eval_batch_size
+    curve_sets = {key: split.subset(data_args.curve_samples, training_args.seed) for key, split in sets.items()}
+    callback = CurveCallback(curve_sets, tokenizer, data_args.eval_every, batch_size, data_args.max_new_tokens)
+    trainer = model_trainer(
+        name, model, tokenizer, training_args, datasets["train"], generate=False,
+        panm_weight_decay=model_args.panm_weight_decay,
+    )  # fmt: skip
+    trainer.add_callback(callback)
+    start = time.time()
+    train_output = trainer.train()
+    result = {
+        "train_seconds": round(time.time() - start, 1),
+        "train_loss": train_output.training_loss,
+        "num_parameters": sum(p.numel() for p in model.parameters()),
+        "curve": callback.curve,
+    }
+    start = time.time()
+    for key, split in sets.items():
+        predictions = greedy_actions(model, split, tokenizer, batch_size, data_args.max_new_tokens)
+        result[key] = score(predictions, split)
+        result[key]["examples"] = [
+            {"command": c, "target": a, "prediction": p}
+            for c, a, p in zip(split.commands, split.actions, predictions)
+            if c and p != a
+        ][:5]
+    result["generate_seconds"] = round(time.time() - start, 1)
+    if trainer.is_world_process_zero():
+        trainer.save_model(trainer.args.output_dir)
+    return result
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = HfArgumentParser((ModelArguments, PanmMemoryConfig, DataArguments, Seq2SeqTrainingArguments))
+    parser.set_defaults(**SCAN_PANM_FLAGS)
+    model_args, panm_args, data_args, training_args = parser.parse_args_into_dataclasses(args=argv)
+    if data_args.smoke:
+        apply_smoke(SMOKE_OVERRIDES, model_args, panm_args, data_args, training_args)
+    validate_model_args(model_args)
+    if model_args.decoder_positions not in DECODER_POSITIONS:
+        raise ValueError(
+            f"--decoder_positions must be one of {DECODER_POSITIONS} (got {model_args.decoder_positions!r})."
+        )
+    if not 0.0 < data_args.heldout_fraction < 1.0:
+        raise ValueError(f"--heldout_fraction must be in (0, 1) (got {data_args.heldout_fraction}).")
+    if training_args.max_steps <= 0:
+        raise ValueError("--max_steps must be set: the budget is a number of training steps (Csordas et al.: 50K).")
+    training_args.eval_strategy = "no"
+    set_seed(training_args.seed)
+
+    train, heldout, test = cutoff_split(read_tasks(Path(data_args.data_dir) / "tasks.txt.gz"),
+                                        data_args.cutoff, data_args.heldout_fraction)  # fmt: skip
+    train = train.subset(data_args.max_train_samples, training_args.seed)
+    sets = {
+        "test": test.subset(data_args.max_test_samples, training_args.seed),
+        "heldout": heldout.subset(data_args.max_heldout_samples, training_args.seed),
+    }
+    tokenizer = word_tokenizer(train.commands + train.actions)  # every SCAN word occurs at every cut-off
+    datasets = {"train": tokenize(train, tokenizer)}
+    max_positions = 64  # SCAN's longest output is 48 actions + EOS
+    config = backbone_config(model_args, tokenizer, max_positions)
+
+    names = MODELS if model_args.model == "both" else (model_args.model,)
+    results = {
+        name: run_one(name, model_args, panm_args, data_args, training_args, tokenizer, config, datasets, sets)
+        for name in names
+    }
+    summary = {
+        "cutoff": data_args.cutoff,
+        "max_steps": training_args.max_steps,
+        "per_device_train_batch_size": training_args.per_device_train_batch_size,
+        "learning_rate": training_args.learning_rate,
+        "seed": training_args.seed,
+        "num_train": len(train.commands),
+        "num_eval": {key: len(split.commands) for key, split in sets.items()},
+        "model_args": {**asdict(model_args), **asdict(panm_args)},
+        "device": "cuda" if torch.cuda.is_available() else "cpu",
+        "command": " ".join(["python", "examples/scan/run_scan.py", *(sys.argv[1:] if argv is None else argv)]),
+        "results": results,
+    }
+    if training_args.process_index == 0:
+        os.makedirs(training_args.output_dir, exist_ok=True)
+        with open(os.path.join(training_args.output_dir, "results.json"), "w") as handle:
+            json.dump(summary, handle, indent=2)
+        for name, result in results.items():
+            print(
+                f"{name}: L={data_args.cutoff} test {result['test']['exact_match']:.1f}%, "
+                f"i.i.d. {result['heldout']['exact_match']:.1f}% exact match; EOS {result['test']['eos_diagnosis']}"
+            )
+    return summary
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,172 @@
+"""The SCAN example: the cut-off protocol, the word tokenizer, the EOS diagnosis, decoder positions, and
+end-to-end runs of the script and the table driver on a tiny slice."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "examples" / "scan" / "run_scan.py"
+TABLE = ROOT / "examples" / "scan" / "run_table.py"
+DATA_DIR = ROOT.parent / "shared" / "data" / "scan"
+
+sys.path.insert(0, str(SCRIPT.parent))
+import run_table  # noqa: E402
+from run_scan import (  # noqa: E402
+    ScanSplit,
+    cutoff_split,
+    read_tasks,
+    remove_decoder_positions,
+    score,
+    word_tokenizer,
+)
+
+needs_data = pytest.mark.skipif(not DATA_DIR.is_dir(), reason="shared/data/scan is not available")
+
+
+def write_tasks(path: Path, lines: list[str]) -> Path:
+    with gzip.open(path, "wt", encoding="utf-8") as handle:
+        handle.write("\n".join(lines) + "\n")
+    return path
+
+
+def test_read_tasks_parses_commands_and_names_a_bad_line(tmp_path):
+    good = write_tasks(tmp_path / "tasks.txt.gz", ["IN: jump twice OUT: I_JUMP I_JUMP", "IN: walk OUT: I_WALK"])
+    tasks = read_tasks(good)
+    assert tasks.commands == ["jump twice", "walk"] and tasks.actions == ["I_JUMP I_JUMP", "I_WALK"]
+    bad = write_tasks(tmp_path / "bad.txt.gz", ["IN: walk OUT: I_WALK", "walk I_WALK"])
+    with pytest.raises(ValueError, match=r"bad\.txt\.gz, line 2"):
+        read_tasks(bad)
+    with pytest.raises(ValueError, match="does not exist"):
+        read_tasks(tmp_path / "missing.txt.gz")
+
+
+def test_cutoff_split_trains_on_short_outputs_and_holds_out_a_fixed_tenth():
+    actions = [" ".join(["I_WALK"] * n) for n in (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12)]
+    tasks = ScanSplit([f"c{n}" for n in range(12)], actions)
+    train, heldout, test = cutoff_split(tasks, cutoff=10, heldout_fraction=0.1)
+    assert sorted(train.commands + heldout.commands) == sorted(f"c{n}" for n in range(10))
+    assert len(heldout.commands) == 1 and test.commands == ["c10", "c11"]
+    assert cutoff_split(tasks, cutoff=10, heldout_fraction=0.1)[1].commands == heldout.commands  # fixed seed
+    with pytest.raises(ValueError, match="--cutoff 12"):
+        cutoff_split(tasks, cutoff=12, heldout_fraction=0.1)
+
+
+@needs_data
+@pytest.mark.parametrize("cutoff, num_short, num_long", [(22, 16990, 3920), (26, 18286, 2624), (40, 20782, 128)])
+def test_cutoff_split_matches_the_data_readme_counts(cutoff, num_short, num_long):
+    train, heldout, test = cutoff_split(read_tasks(DATA_DIR / "tasks.txt.gz"), cutoff, 0.1)
+    assert len(train.commands) + len(heldout.commands) == num_short and len(test.commands) == num_long
+    assert len(heldout.commands) == round(0.1 * num_short)
+    assert max(len(a.split()) for a in train.actions) <= cutoff < min(len(a.split()) for a in test.actions)
+
+
+def test_word_tokenizer_round_trips_words_and_ends_with_eos():
+    tokenizer = word_tokenizer(["jump twice", "I_JUMP I_JUMP"])
+    ids = tokenizer("jump twice")["input_ids"]
+    assert len(ids) == 3 and ids[-1] == tokenizer.eos_token_id
+    assert tokenizer.decode(tokenizer("I_JUMP I_JUMP")["input_ids"], skip_special_tokens=True) == "I_JUMP I_JUMP"
+    assert tokenizer("run")["input_ids"][0] == tokenizer.unk_token_id
+
+
+def test_score_gives_exact_match_per_length_and_the_eos_diagnosis():
+    split = ScanSplit(["a", "b", "c", "d"], ["X Y", "X Y Z", "X X X", "Y"])
+    predictions = ["X Y", "X Y", "X X Y", "Y Y"]  # right; stops early; right length wrong content; runs late
+    scored = score(predictions, split)
+    assert scored["exact_match"] == 25.0
+    assert scored["eos_diagnosis"] == {"correct": 25.0, "early": 25.0, "late": 25.0, "content": 25.0}
+    assert scored["per_length"]["3"] == {"count": 2, "exact_match": 0.0, "mean_predicted_length": 2.5}
+    assert scored["per_length"]["2"]["exact_match"] == 100.0
+
+
+@pytest.mark.parametrize("backbone", ["bart", "marian"])
+def test_remove_decoder_positions_makes_the_decoder_blind_to_position(backbone):
+    from conftest import BACKBONES
+    from transformers import AutoModelForSeq2SeqLM
+
+    torch.manual_seed(0)
+    model = AutoModelForSeq2SeqLM.from_config(BACKBONES[backbone]()).eval()
+    decoder_inputs = torch.tensor([[2, 7, 7, 7]])
+    first_layer = model(input_ids=torch.tensor([[5, 6, 2]]), decoder_input_ids=decoder_inputs,
+                        output_hidden_states=True).decoder_hidden_states[0]  # fmt: skip
+    assert not torch.allclose(first_layer[0, 1], first_layer[0, 3])  # positions tell equal tokens apart
+    remove_decoder_positions(model)
+    first_layer = model(input_ids=torch.tensor([[5, 6, 2]]), decoder_input_ids=decoder_inputs,
+                        output_hidden_states=True).decoder_hidden_states[0]  # fmt: skip
+    torch.testing.assert_close(first_layer[0, 1], first_layer[0, 3])
+    assert not model.get_decoder().embed_positions.weight.requires_grad
+
+
+def test_remove_decoder_positions_refuses_a_relative_position_backbone():
+    from conftest import BACKBONES
+    from transformers import AutoModelForSeq2SeqLM
+
+    with pytest.raises(ValueError, match="--decoder_positions none"):
+        remove_decoder_positions(AutoModelForSeq2SeqLM.from_config(BACKBONES["t5"]()))
+
+
+def test_table_driver_names_runs_and_summarises_seeds(tmp_path):
+    args = run_table.parse_arguments(["--output_dir", str(tmp_path), "--designs", "panm_nope", "--seeds", "0",
+                                      "--max_steps", "7"])  # fmt: skip
+    command = run_table.command("panm_nope", 26, 0, args)
+    assert command[-1] == str(tmp_path / "panm_nope_L26_s0")
+    last_budget = len(command) - 1 - command[::-1].index("--max_steps")
+    assert "--decoder_positions" in command and command[last_budget + 1] == "7"  # given after the budget: it wins
+    for seed, value in ((0, 80.0), (1, 100.0), (2, 90.0)):
+        folder = tmp_path / f"panm_nope_L26_s{seed}"
+        folder.mkdir()
+        eos = {"correct": value, "early": 100.0 - value, "late": 0.0, "content": 0.0}
+        run = {"test": {"exact_match": value, "eos_diagnosis": eos}, "heldout": {"exact_match": 99.0}}
+        (folder / "results.json").write_text(json.dumps({"cutoff": 26, "seed": seed, "results": {"panm": run}}))
+    (row,) = run_table.summary(str(tmp_path))
+    assert row["design"] == "panm_nope" and row["seeds"] == [0, 1, 2] and row["test"] == [80.0, 100.0, 90.0]
+    assert row["median"] == 90.0 and row["early"] == 10.0
+    with pytest.raises(SystemExit):
+        run_table.parse_arguments(["--output_dir", str(tmp_path), "--cutoffs", "48"])
+
+
+@pytest.mark.smoke
+@needs_data
+def test_smoke_run_scores_both_models_with_the_eos_diagnosis(tmp_path):
+    command = [
+        sys.executable, str(SCRIPT), "--data_dir", str(DATA_DIR), "--cutoff", "26", "--output_dir", str(tmp_path),
+        "--model", "both", "--smoke", "--decoder_positions", "none", "--eval_every", "3", "--curve_samples", "4",
+        "--report_to", "none", "--disable_tqdm", "true", "--save_strategy", "no",
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((tmp_path / "results.json").read_text())
+    assert summary["cutoff"] == 26 and summary["num_eval"] == {"test": 32, "heldout": 16}
+    assert summary["model_args"]["placement"] == "replace" and summary["model_args"]["decoder_positions"] == "none"
+    for name in ("transformer", "panm"):
+        run = summary["results"][name]
+        assert [point["step"] for point in run["curve"]] == [3, 6]
+        assert sum(run["test"]["eos_diagnosis"].values()) == pytest.approx(100.0)
+        assert min(int(length) for length in run["test"]["per_length"]) > 26
+        assert (tmp_path / name / "config.json").is_file()
+
+
+@pytest.mark.smoke
+@needs_data
+def test_smoke_table_runs_each_design_as_its_own_json(tmp_path):
+    command = [
+        sys.executable, str(TABLE), "--data_dir", str(DATA_DIR), "--output_dir", str(tmp_path), "--designs",
+        "transformer", "panm_nope", "--cutoffs", "30", "--jobs", "2", "--smoke", "--max_steps", "3",
+        "--eval_every", "0", "--per_device_train_batch_size", "8",
+    ]  # fmt: skip
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
+    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    for design in ("transformer", "panm_nope"):
+        summary = json.loads((tmp_path / f"{design}_L30_s0" / "results.json").read_text())
+        assert summary["cutoff"] == 30 and summary["max_steps"] == 3
+    assert "| panm_nope | 30 | 0 |" in result.stdout
