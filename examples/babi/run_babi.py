@@ -25,11 +25,8 @@ The model flags are the translation example's (imported, as in examples/math): `
 from __future__ import annotations
 
 import gzip
-import json
-import os
 import re
 import sys
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -57,6 +54,20 @@ from run_translation import (  # noqa: E402
     validate_model_args,
 )
 from run_translation import ModelArguments as TranslationModelArguments  # noqa: E402
+from script_conventions import (  # noqa: E402
+    TRAINING_DEFAULTS,
+    ScriptArguments,
+    apply_default_steps,
+    check_run,
+    check_sets,
+    load_file_pairs,
+    load_tokenizer,
+    log_and_save,
+    model_source,
+    train,
+    use_cpu_for_multi_process_launch,
+    write_results,
+)
 
 TASKS = tuple(range(1, 21))
 SUBSETS = ("en", "en-10k")
@@ -77,8 +88,10 @@ class ModelArguments(TranslationModelArguments):
 
 
 @dataclass
-class DataArguments:
-    """Which tasks, which copy of the data and how they are split."""
+class DataArguments(ScriptArguments):
+    """Which tasks, which copy of the data and how they are split; or --train_file/--validation_file/--test_file
+    used as given (columns "story" (a string or a list of statements) + "question" and "answer", or "source"
+    and "target", unless --source_column/--target_column)."""
 
     data_dir: str = field(default="../shared/data/babi", metadata={"help": "Folder holding en/ and en-10k/."})
     subset: str = field(default="en", metadata={"help": f"One of {SUBSETS} (1,000 or 10,000 training questions)."})
@@ -245,53 +258,63 @@ def babi_scores(predictions: list[str], questions: list[BabiQuestion]) -> dict:
     }
 
 
-def run_one(name, model_args, panm_args, data_args, training_args, tokenizer, config, train_dataset, test) -> dict:
-    """Train one model for the step budget, then answer the test questions greedily."""
+def score_sets(trainer, sets: dict, prefix: str, tokenizer, max_length: int) -> dict:
+    """Greedy answers scored as bAbI does (and teacher-forced loss) per set; `<prefix>_results.json` holds them."""
+    trainer.args.predict_with_generate = True
+    result, metrics = {}, {}
+    for key, (dataset, questions) in sets.items():
+        prediction = trainer.predict(dataset, max_length=max_length, num_beams=1, metric_key_prefix=f"{prefix}_{key}")
+        token_ids = np.where(prediction.predictions >= 0, prediction.predictions, tokenizer.pad_token_id)
+        texts = tokenizer.batch_decode(token_ids, skip_special_tokens=True)
+        scores = babi_scores(texts, questions)
+        scores["examples"] = [{"source": q.source[-200:], "answer": q.target, "predicted": p.strip()}
+                              for q, p in zip(questions[:3], texts[:3])]  # fmt: skip
+        if prefix == "eval":  # the one evaluation set: the length split's test part, or --validation_file
+            result.update(scores)
+        else:
+            result[key] = scores
+        metrics.update(prediction.metrics, **{f"{prefix}_{key}_accuracy": scores["accuracy"],
+                                              f"{prefix}_{key}_samples": len(questions)})  # fmt: skip
+    trainer.args.predict_with_generate = False
+    log_and_save(trainer, prefix, metrics)
+    return result
+
+
+def run_one(name, model_args, panm_args, data_args, training_args, tokenizer, config, data: dict) -> dict:
+    """Train one model for the step budget, then answer the evaluation (and test) questions greedily."""
     set_seed(training_args.seed)  # both models start from the same random stream and see the same batches
     model = build_model(name, model_args, panm_args, config)
     model.generation_config.max_length = data_args.max_target_length
     model.generation_config.num_beams = 1
+    # evaluation during training (--eval_strategy): loss on the evaluation set
+    during = next(iter(data["eval"].values()))[0] if data["eval"] and training_args.eval_strategy != "no" else None
     trainer = model_trainer(
-        name, model, tokenizer, training_args, train_dataset, generate=True,
+        name, model, tokenizer, training_args, data["train"], during, generate=False,
         panm_weight_decay=model_args.panm_weight_decay,
     )  # fmt: skip
-    start = time.time()
-    train_output = trainer.train()
-    result = {
-        "train_seconds": round(time.time() - start, 1),
-        "train_loss": train_output.training_loss,
-        "num_parameters": sum(p.numel() for p in model.parameters()),
-    }
-    test_dataset, test_questions = test
-    prediction = trainer.predict(test_dataset, max_length=data_args.max_target_length, num_beams=1)
-    token_ids = np.where(prediction.predictions >= 0, prediction.predictions, tokenizer.pad_token_id)
-    texts = tokenizer.batch_decode(token_ids, skip_special_tokens=True)
-    result.update(babi_scores(texts, test_questions))
-    result["examples"] = [{"source": q.source[-200:], "answer": q.target, "predicted": p.strip()}
-                          for q, p in zip(test_questions[:3], texts[:3])]  # fmt: skip
+    result = {"num_parameters": sum(p.numel() for p in model.parameters())}
+    if training_args.do_train:
+        result.update(train(trainer, data_args, len(data["train"]), data_args.train_file or data_args.data_dir))
+    if training_args.do_eval:
+        result.update(score_sets(trainer, data["eval"], "eval", tokenizer, data_args.max_target_length))
+    if training_args.do_predict:
+        result.update(score_sets(trainer, data["test"], "predict", tokenizer, data_args.max_target_length))
     return result
 
 
-def main(argv: list[str] | None = None) -> dict:
-    parser = HfArgumentParser((ModelArguments, PanmMemoryConfig, DataArguments, Seq2SeqTrainingArguments))
-    parser.set_defaults(**RECOMMENDED_PANM_FLAGS)
-    model_args, panm_args, data_args, training_args = parser.parse_args_into_dataclasses(args=argv)
-    if data_args.smoke:
-        apply_smoke(SMOKE_OVERRIDES, model_args, panm_args, data_args, training_args)
-    validate_model_args(model_args)
-    if training_args.max_steps <= 0 and training_args.num_train_epochs <= 0:
-        raise ValueError("Set --max_steps or --num_train_epochs (the paper: 100 epochs).")
-    if torch.cuda.is_available() and torch.cuda.is_bf16_supported() and not training_args.fp16:
-        training_args.bf16 = True  # bf16 on GPU; CPU runs stay fp32
-    training_args.save_strategy = "no"
-    training_args.eval_strategy = "no"
-    set_seed(training_args.seed)
+def file_questions(data_args: DataArguments) -> dict[str, list[BabiQuestion]]:
+    """The given files as questions (task 0): the source text as the story, the target as the answer."""
+    pairs = load_file_pairs(data_args, ("story,question", "source"), ("answer", "target"))
+    return {split: [BabiQuestion(0, [source], "", target) for source, target in zip(*pair)]
+            for split, pair in pairs.items()}  # fmt: skip
 
+
+def split_questions(data_args: DataArguments) -> tuple[list, list, dict]:
+    """(train, test, split lengths per task): each task's length split, pooled over the tasks."""
     data_dir = Path(data_args.data_dir)
     if not data_dir.is_dir():
         raise ValueError(f"--data_dir {data_dir} is not a folder; point it at shared/data/babi.")
-    train_questions, test_questions = [], []
-    split_lengths = {}
+    train_questions, test_questions, split_lengths = [], [], {}
     for task in parse_tasks(data_args.tasks):
         train, test = length_split(load_task(data_dir, data_args.subset, task), data_args.split_ratio)
         if data_args.max_test_per_task is not None and len(test) > data_args.max_test_per_task:
@@ -302,42 +325,72 @@ def main(argv: list[str] | None = None) -> dict:
                                "test_max_words": len(test[-1].source.split())}  # fmt: skip
         train_questions += train
         test_questions += test
-    tokenizer = word_tokenizer([q.source for q in train_questions] + [q.target for q in train_questions])
-    train_dataset = tokenize(train_questions, tokenizer, data_args)
-    test_dataset = tokenize(test_questions, tokenizer, data_args)
-    max_positions = max(data_args.max_source_length, data_args.max_target_length) + 2
-    config = backbone_config(model_args, tokenizer, max_positions)
+    return train_questions, test_questions, split_lengths
 
+
+def load_sets(data_args: DataArguments) -> dict:
+    """Questions per set: the given files as they are, or the paper's length split (evaluated as "test")."""
+    if data_args.given_files():
+        files = file_questions(data_args)
+        return {"train": files.get("train"), "eval": {k: v for k, v in files.items() if k == "validation"},
+                "test": {k: v for k, v in files.items() if k == "test"}, "split_lengths": {}}  # fmt: skip
+    train, test, split_lengths = split_questions(data_args)
+    return {"train": train, "eval": {"test": test}, "test": {}, "split_lengths": split_lengths}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    use_cpu_for_multi_process_launch()
+    argv = sys.argv[1:] if argv is None else argv
+    parser = HfArgumentParser((ModelArguments, PanmMemoryConfig, DataArguments, Seq2SeqTrainingArguments))
+    parser.set_defaults(**RECOMMENDED_PANM_FLAGS, **TRAINING_DEFAULTS)
+    model_args, panm_args, data_args, training_args = parser.parse_args_into_dataclasses(args=argv)
+    apply_default_steps(training_args, argv, ("do_train", "do_eval"))
+    if data_args.smoke:
+        apply_smoke(SMOKE_OVERRIDES, model_args, panm_args, data_args, training_args)
+    validate_model_args(model_args)
+    check_run(data_args, training_args, model_args.model)
+    if training_args.do_train and training_args.max_steps <= 0 and training_args.num_train_epochs <= 0:
+        raise ValueError("Set --max_steps or --num_train_epochs (the paper: 100 epochs).")
+    if torch.cuda.is_available() and torch.cuda.is_bf16_supported() and not training_args.fp16:
+        training_args.bf16 = True  # bf16 on GPU; CPU runs stay fp32
+    set_seed(training_args.seed)
+
+    sets = load_sets(data_args)
+    check_sets(training_args, {key for key in ("train", "eval", "test") if sets[key]},
+               {"do_train": "train", "do_eval": "eval", "do_predict": "test"})  # fmt: skip
     names = MODELS if model_args.model == "both" else (model_args.model,)
+    sources = {name: model_source(name, data_args, training_args) for name in names}
+    if sources[names[0]] is not None:
+        tokenizer = load_tokenizer(sources[names[0]])
+        tokenizer.truncation_side = "left"  # long inputs keep their end, the question
+    else:
+        tokenizer = word_tokenizer([q.source for q in sets["train"]] + [q.target for q in sets["train"]])
+    data = {"train": tokenize(sets["train"], tokenizer, data_args) if training_args.do_train else None,
+            **{key: {name: (tokenize(questions, tokenizer, data_args), questions)
+                     for name, questions in sets[key].items()} for key in ("eval", "test")}}  # fmt: skip
+    max_positions = max(data_args.max_source_length, data_args.max_target_length) + 2
+    config = backbone_config(model_args, tokenizer, max_positions) if None in sources.values() else None
     results = {
-        name: run_one(name, model_args, panm_args, data_args, training_args, tokenizer, config, train_dataset,
-                      (test_dataset, test_questions))
+        name: run_one(name, model_args, panm_args, data_args, training_args, tokenizer, sources[name] or config, data)
         for name in names
-    }  # fmt: skip
+    }
     summary = {
-        "subset": data_args.subset,
-        "tasks": parse_tasks(data_args.tasks),
-        "split_ratio": data_args.split_ratio,
-        "num_train": len(train_questions),
-        "num_test": len(test_questions),
-        "split_lengths": split_lengths,
-        "max_steps": training_args.max_steps,
+        "subset": data_args.subset, "tasks": parse_tasks(data_args.tasks), "split_ratio": data_args.split_ratio,
+        "num_train": len(sets["train"] or []),
+        "num_test": sum(len(questions) for questions in {**sets["eval"], **sets["test"]}.values()),
+        "split_lengths": sets["split_lengths"], "max_steps": training_args.max_steps,
         "num_train_epochs": training_args.num_train_epochs,
         "per_device_train_batch_size": training_args.per_device_train_batch_size,
-        "learning_rate": training_args.learning_rate,
-        "seed": training_args.seed,
-        "model_args": {**asdict(model_args), **asdict(panm_args)},
-        "data_args": asdict(data_args),
-        "device": "cuda" if torch.cuda.is_available() else "cpu",
-        "results": results,
-    }
+        "learning_rate": training_args.learning_rate, "seed": training_args.seed,
+        "model_args": {**asdict(model_args), **asdict(panm_args)}, "data_args": asdict(data_args),
+        "device": "cuda" if torch.cuda.is_available() else "cpu", "results": results,
+    }  # fmt: skip
+    write_results(training_args, summary)
     if training_args.process_index == 0:
-        os.makedirs(training_args.output_dir, exist_ok=True)
-        with open(os.path.join(training_args.output_dir, "results.json"), "w") as handle:
-            json.dump(summary, handle, indent=2)
         for name, result in results.items():
-            print(f"{name}: accuracy {result['accuracy']:.1f}%, mean error {result['mean_error']:.1f}%, "
-                  f"failed tasks {result['failed_tasks']}/{len(result['per_task_accuracy'])}")  # fmt: skip
+            if "accuracy" in result:
+                print(f"{name}: accuracy {result['accuracy']:.1f}%, mean error {result['mean_error']:.1f}%, "
+                      f"failed tasks {result['failed_tasks']}/{len(result['per_task_accuracy'])}")  # fmt: skip
     return summary
 
 

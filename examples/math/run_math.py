@@ -15,10 +15,7 @@ backbone with PANM plugged into its decoder (`--placement`, default `stack` with
 from __future__ import annotations
 
 import gzip
-import json
-import os
 import sys
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -46,6 +43,20 @@ from run_translation import (  # noqa: E402
     validate_model_args,
 )
 from run_translation import ModelArguments as TranslationModelArguments  # noqa: E402
+from script_conventions import (  # noqa: E402
+    TRAINING_DEFAULTS,
+    ScriptArguments,
+    apply_default_steps,
+    check_run,
+    check_sets,
+    load_file_pairs,
+    load_tokenizer,
+    log_and_save,
+    model_source,
+    train,
+    use_cpu_for_multi_process_launch,
+    write_results,
+)
 
 MODULES = ("add_or_sub", "place_value")
 SPLITS = ("interpolate", "extrapolate")
@@ -63,8 +74,9 @@ class ModelArguments(TranslationModelArguments):
 
 
 @dataclass
-class DataArguments:
-    """Which module and how much of it."""
+class DataArguments(ScriptArguments):
+    """Which module and how much of it: --data_dir's module files, or --train_file/--validation_file/--test_file
+    used as given (columns "question" and "answer" unless --source_column/--target_column)."""
 
     data_dir: str = field(default="../shared/data/math", metadata={"help": "Folder with <module>.<split>.tsv.gz."})
     module: str = field(default="place_value", metadata={"help": f"One of {MODULES}."})
@@ -138,89 +150,116 @@ def exact_match(predictions: np.ndarray, answers: list[str], tokenizer) -> float
     return 100.0 * float(np.mean([text.strip() == answer for text, answer in zip(texts, answers)]))
 
 
-def run_one(
-    name, model_args, panm_args, data_args, training_args, tokenizer, config, train_dataset, test_sets
-) -> dict:
-    """Train one model for the step budget, then score exact match on each test set."""
+def score_sets(trainer, sets: dict, prefix: str, tokenizer, max_length: int) -> dict:
+    """Greedy exact match (and teacher-forced loss) on each set; `<prefix>_results.json` holds them."""
+    trainer.args.predict_with_generate = True
+    metrics, result = {}, {}
+    for split, (dataset, answers) in sets.items():
+        prediction = trainer.predict(dataset, max_length=max_length, num_beams=1, metric_key_prefix=f"{prefix}_{split}")
+        result[f"{split}_accuracy"] = exact_match(prediction.predictions, answers, tokenizer)
+        metrics.update(prediction.metrics, **{f"{prefix}_{split}_accuracy": result[f"{split}_accuracy"],
+                                              f"{prefix}_{split}_samples": len(answers)})  # fmt: skip
+    trainer.args.predict_with_generate = False
+    log_and_save(trainer, prefix, metrics)
+    return result
+
+
+def run_one(name, model_args, panm_args, data_args, training_args, tokenizer, config, data: dict) -> dict:
+    """Train one model for the step budget, then score exact match on each evaluation (and test) set."""
     set_seed(training_args.seed)  # both models start from the same random stream and see the same batches
     model = build_model(name, model_args, panm_args, config)
     model.generation_config.max_length = data_args.max_target_length
     model.generation_config.num_beams = 1
+    # evaluation during training (--eval_strategy): loss on the first evaluation set
+    during = next(iter(data["eval"].values()))[0] if data["eval"] and training_args.eval_strategy != "no" else None
     trainer = model_trainer(
-        name, model, tokenizer, training_args, train_dataset, generate=True,
+        name, model, tokenizer, training_args, data["train"], during, generate=False,
         panm_weight_decay=model_args.panm_weight_decay,
     )  # fmt: skip
-    start = time.time()
-    train_output = trainer.train()
-    result = {
-        "train_seconds": round(time.time() - start, 1),
-        "train_loss": train_output.training_loss,
-        "num_parameters": sum(p.numel() for p in model.parameters()),
-    }
-    for split, (dataset, answers) in test_sets.items():
-        prediction = trainer.predict(dataset, max_length=data_args.max_target_length, num_beams=1)
-        result[f"{split}_accuracy"] = exact_match(prediction.predictions, answers, tokenizer)
-    if trainer.is_world_process_zero():
-        trainer.save_model(trainer.args.output_dir)
+    result = {"num_parameters": sum(p.numel() for p in model.parameters())}
+    if training_args.do_train:
+        result.update(train(trainer, data_args, len(data["train"]), data_args.train_file or data_args.data_dir))
+    if training_args.do_eval:
+        result.update(score_sets(trainer, data["eval"], "eval", tokenizer, data_args.max_target_length))
+    if training_args.do_predict:
+        result.update(score_sets(trainer, data["test"], "predict", tokenizer, data_args.max_target_length))
     return result
 
 
+def load_sets(data_args: DataArguments, training_args) -> dict:
+    """(questions, answers) per set: the given files, or the module's train file and its two test sets."""
+    if data_args.given_files():
+        files = load_file_pairs(data_args, ("question",), ("answer",))
+        limits = {"train": data_args.max_train_samples, "validation": data_args.max_eval_samples,
+                  "test": data_args.max_eval_samples}  # fmt: skip
+        files = {split: (q[: limits[split]], a[: limits[split]]) for split, (q, a) in files.items()}
+        return {"train": files.get("train"), "eval": {k: v for k, v in files.items() if k == "validation"},
+                "test": {k: v for k, v in files.items() if k == "test"}}  # fmt: skip
+    data_dir = Path(data_args.data_dir)
+    train = read_pairs(data_dir / f"{data_args.module}.train.tsv.gz", data_args.max_train_samples)
+    evaluation = {split: read_pairs(data_dir / f"{data_args.module}.{split}.tsv.gz", data_args.max_eval_samples)
+                  for split in SPLITS}  # fmt: skip
+    return {"train": train, "eval": evaluation, "test": {}}
+
+
+def tokenize_sets(sets: dict, tokenizer, data_args: DataArguments) -> dict:
+    """The sets as datasets: `train` one, `eval` and `test` {split: (dataset, answers)}."""
+    return {
+        "train": tokenize(*sets["train"], tokenizer, data_args) if sets["train"] else None,
+        "eval": {k: (tokenize(q, a, tokenizer, data_args), a) for k, (q, a) in sets["eval"].items()},
+        "test": {k: (tokenize(q, a, tokenizer, data_args), a) for k, (q, a) in sets["test"].items()},
+    }
+
+
 def main(argv: list[str] | None = None) -> dict:
+    use_cpu_for_multi_process_launch()
+    argv = sys.argv[1:] if argv is None else argv
     parser = HfArgumentParser((ModelArguments, PanmMemoryConfig, DataArguments, Seq2SeqTrainingArguments))
-    parser.set_defaults(**MEASURED_BEST_FLAGS)
+    parser.set_defaults(**MEASURED_BEST_FLAGS, **TRAINING_DEFAULTS)
     model_args, panm_args, data_args, training_args = parser.parse_args_into_dataclasses(args=argv)
+    apply_default_steps(training_args, argv, ("do_train", "do_eval"))
     if data_args.smoke:
         apply_smoke(SMOKE_OVERRIDES, model_args, panm_args, data_args, training_args)
     if data_args.module not in MODULES:
         raise ValueError(f"--module must be one of {MODULES} (got {data_args.module!r}).")
     validate_model_args(model_args)
-    if training_args.max_steps <= 0:
+    check_run(data_args, training_args, model_args.model)
+    if training_args.do_train and training_args.max_steps <= 0:
         raise ValueError("--max_steps must be set: the budget is a number of training steps (Csordas et al.: 50K).")
     if torch.cuda.is_available() and torch.cuda.is_bf16_supported() and not training_args.fp16:
         training_args.bf16 = True  # bf16 on GPU; CPU runs stay fp32
-    training_args.save_strategy = "no"
-    training_args.eval_strategy = "no"
     set_seed(training_args.seed)
 
-    data_dir = Path(data_args.data_dir)
-    train_q, train_a = read_pairs(data_dir / f"{data_args.module}.train.tsv.gz", data_args.max_train_samples)
-    tokenizer = char_tokenizer(train_q + train_a)
-    train_dataset = tokenize(train_q, train_a, tokenizer, data_args)
-    test_sets = {}
-    for split in SPLITS:
-        questions, answers = read_pairs(data_dir / f"{data_args.module}.{split}.tsv.gz", data_args.max_eval_samples)
-        test_sets[split] = (tokenize(questions, answers, tokenizer, data_args), answers)
-    max_positions = max(data_args.max_source_length, data_args.max_target_length) + 2
-    config = backbone_config(model_args, tokenizer, max_positions)
-
+    sets = load_sets(data_args, training_args)
+    available = {key for key in ("train", "eval", "test") if sets[key]}
+    check_sets(training_args, available, {"do_train": "train", "do_eval": "eval", "do_predict": "test"})
     names = MODELS if model_args.model == "both" else (model_args.model,)
+    sources = {name: model_source(name, data_args, training_args) for name in names}
+    if sources[names[0]] is not None:
+        tokenizer = load_tokenizer(sources[names[0]])
+    else:
+        tokenizer = char_tokenizer(sets["train"][0] + sets["train"][1])
+    data = tokenize_sets(sets, tokenizer, data_args)
+    max_positions = max(data_args.max_source_length, data_args.max_target_length) + 2
+    config = backbone_config(model_args, tokenizer, max_positions) if None in sources.values() else None
     results = {
-        name: run_one(
-            name, model_args, panm_args, data_args, training_args, tokenizer, config, train_dataset, test_sets
-        )
+        name: run_one(name, model_args, panm_args, data_args, training_args, tokenizer, sources[name] or config, data)
         for name in names
     }
     summary = {
-        "module": data_args.module,
-        "max_steps": training_args.max_steps,
+        "module": data_args.module, "max_steps": training_args.max_steps,
         "per_device_train_batch_size": training_args.per_device_train_batch_size,
-        "learning_rate": training_args.learning_rate,
-        "seed": training_args.seed,
-        "num_train": len(train_dataset),
-        "num_eval": {split: len(answers) for split, (_, answers) in test_sets.items()},
-        "model_args": {**asdict(model_args), **asdict(panm_args)},
-        "device": "cuda" if torch.cuda.is_available() else "cpu",
-        "results": results,
-    }
+        "learning_rate": training_args.learning_rate, "seed": training_args.seed,
+        "num_train": len(data["train"]) if data["train"] else 0,
+        "num_eval": {split: len(answers) for split, (_, answers) in {**data["eval"], **data["test"]}.items()},
+        "model_args": {**asdict(model_args), **asdict(panm_args)}, "data_args": asdict(data_args),
+        "device": "cuda" if torch.cuda.is_available() else "cpu", "results": results,
+    }  # fmt: skip
+    write_results(training_args, summary)
     if training_args.process_index == 0:
-        os.makedirs(training_args.output_dir, exist_ok=True)
-        with open(os.path.join(training_args.output_dir, "results.json"), "w") as handle:
-            json.dump(summary, handle, indent=2)
         for name, result in results.items():
-            print(
-                f"{name}: interpolate {result['interpolate_accuracy']:.1f}%, "
-                f"extrapolate {result['extrapolate_accuracy']:.1f}% exact match"
-            )
+            scores = ", ".join(f"{key} {value:.1f}%" for key, value in result.items() if key.endswith("_accuracy"))
+            print(f"{name}: {scores} exact match")
     return summary
 
 

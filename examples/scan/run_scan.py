@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 import sys
 import time
 from collections import Counter
@@ -53,6 +52,20 @@ from run_translation import (  # noqa: E402
     validate_model_args,
 )
 from run_translation import ModelArguments as TranslationModelArguments  # noqa: E402
+from script_conventions import (  # noqa: E402
+    TRAINING_DEFAULTS,
+    ScriptArguments,
+    apply_default_steps,
+    check_run,
+    check_sets,
+    load_file_pairs,
+    load_tokenizer,
+    log_and_save,
+    model_source,
+    train,
+    use_cpu_for_multi_process_launch,
+    write_results,
+)
 
 PAD, UNK, BOS, EOS = "<pad>", "<unk>", "<s>", "</s>"
 CUTOFFS = (22, 24, 25, 26, 27, 28, 30, 32, 33, 36, 40)  # the paper's Table 3
@@ -81,8 +94,9 @@ class ModelArguments(TranslationModelArguments):
 
 
 @dataclass
-class DataArguments:
-    """Which cut-off, and how much of the data."""
+class DataArguments(ScriptArguments):
+    """Which cut-off, and how much of the data; or --train_file/--validation_file/--test_file used as given
+    (columns "command" and "actions" unless --source_column/--target_column)."""
 
     data_dir: str = field(default="../shared/data/scan", metadata={"help": "Folder with tasks.txt.gz."})
     cutoff: int = field(default=22, metadata={"help": "L: train on at most L actions, test on longer (paper: 22-40)."})
@@ -251,100 +265,127 @@ class CurveCallback(TrainerCallback):
             print(json.dumps(point), flush=True)
 
 
-def run_one(name, model_args, panm_args, data_args, training_args, tokenizer, config, datasets, sets) -> dict:
-    """Train one model for the step budget, then score the test and i.i.d. sets."""
-    set_seed(training_args.seed)  # both models start from the same random stream and see the same batches
-    model = build_model(name, model_args, panm_args, config)
-    if model_args.decoder_positions == "none":
-        remove_decoder_positions(model)
-    batch_size = training_args.per_device_eval_batch_size
-    curve_sets = {key: split.subset(data_args.curve_samples, training_args.seed) for key, split in sets.items()}
-    callback = CurveCallback(curve_sets, tokenizer, data_args.eval_every, batch_size, data_args.max_new_tokens)
-    trainer = model_trainer(
-        name, model, tokenizer, training_args, datasets["train"], generate=False,
-        panm_weight_decay=model_args.panm_weight_decay,
-    )  # fmt: skip
-    trainer.add_callback(callback)
-    start = time.time()
-    train_output = trainer.train()
-    result = {
-        "train_seconds": round(time.time() - start, 1),
-        "train_loss": train_output.training_loss,
-        "num_parameters": sum(p.numel() for p in model.parameters()),
-        "curve": callback.curve,
-    }
-    start = time.time()
+def score_sets(trainer, sets: dict, prefix: str, tokenizer, batch_size: int, max_new_tokens: int) -> dict:
+    """Greedy exact match (own scoring) and teacher-forced loss of each set; `<prefix>_results.json` holds them."""
+    result, metrics = {}, {}
     for key, split in sets.items():
-        predictions = greedy_actions(model, split, tokenizer, batch_size, data_args.max_new_tokens)
+        predictions = greedy_actions(trainer.model, split, tokenizer, batch_size, max_new_tokens)
         result[key] = score(predictions, split)
         result[key]["examples"] = [
             {"command": c, "target": a, "prediction": p}
             for c, a, p in zip(split.commands, split.actions, predictions)
             if c and p != a
         ][:5]
-    result["generate_seconds"] = round(time.time() - start, 1)
-    if trainer.is_world_process_zero():
-        trainer.save_model(trainer.args.output_dir)
+        metrics.update(trainer.evaluate(tokenize(split, tokenizer), metric_key_prefix=f"{prefix}_{key}"))
+        metrics.update({f"{prefix}_{key}_exact_match": result[key]["exact_match"],
+                        f"{prefix}_{key}_samples": len(split.commands)})  # fmt: skip
+    log_and_save(trainer, prefix, metrics)
     return result
 
 
-def main(argv: list[str] | None = None) -> dict:
-    parser = HfArgumentParser((ModelArguments, PanmMemoryConfig, DataArguments, Seq2SeqTrainingArguments))
-    parser.set_defaults(**SCAN_PANM_FLAGS)
-    model_args, panm_args, data_args, training_args = parser.parse_args_into_dataclasses(args=argv)
-    if data_args.smoke:
-        apply_smoke(SMOKE_OVERRIDES, model_args, panm_args, data_args, training_args)
+def run_one(name, model_args, panm_args, data_args, training_args, tokenizer, config, datasets, sets) -> dict:
+    """Train one model for the step budget, then score the evaluation (and test) sets."""
+    set_seed(training_args.seed)  # both models start from the same random stream and see the same batches
+    model = build_model(name, model_args, panm_args, config)
+    if model_args.decoder_positions == "none":
+        remove_decoder_positions(model)
+    batch_size = training_args.per_device_eval_batch_size
+    curve_sets = {key: split.subset(data_args.curve_samples, training_args.seed) for key, split in sets["eval"].items()}
+    callback = CurveCallback(curve_sets, tokenizer, data_args.eval_every, batch_size, data_args.max_new_tokens)
+    trainer = model_trainer(
+        name, model, tokenizer, training_args, datasets["train"], generate=False,
+        panm_weight_decay=model_args.panm_weight_decay,
+    )  # fmt: skip
+    trainer.add_callback(callback)
+    result = {"num_parameters": sum(p.numel() for p in model.parameters())}
+    if training_args.do_train:
+        result.update(train(trainer, data_args, len(datasets["train"]), data_args.train_file or data_args.data_dir))
+    result["curve"] = callback.curve
+    start = time.time()
+    if training_args.do_eval:
+        result.update(score_sets(trainer, sets["eval"], "eval", tokenizer, batch_size, data_args.max_new_tokens))
+    if training_args.do_predict:
+        result.update(score_sets(trainer, sets["test"], "predict", tokenizer, batch_size, data_args.max_new_tokens))
+    result["generate_seconds"] = round(time.time() - start, 1)
+    return result
+
+
+def load_sets(data_args: DataArguments, seed: int) -> dict:
+    """The training set and {name: set} to evaluate and to predict: the given files, or the cut-off split."""
+    if data_args.given_files():
+        pairs = load_file_pairs(data_args, ("command",), ("actions",))
+        files = {split: ScanSplit(*pair) for split, pair in pairs.items()}
+        return {"train": files.get("train"), "eval": {k: v for k, v in files.items() if k == "validation"},
+                "test": {k: v for k, v in files.items() if k == "test"}}  # fmt: skip
+    train, heldout, test = cutoff_split(read_tasks(Path(data_args.data_dir) / "tasks.txt.gz"),
+                                        data_args.cutoff, data_args.heldout_fraction)  # fmt: skip
+    evaluation = {
+        "test": test.subset(data_args.max_test_samples, seed),
+        "heldout": heldout.subset(data_args.max_heldout_samples, seed),
+    }
+    return {"train": train, "eval": evaluation, "test": {}}
+
+
+def validate(model_args: ModelArguments, data_args: DataArguments, training_args) -> None:
     validate_model_args(model_args)
+    check_run(data_args, training_args, model_args.model)
     if model_args.decoder_positions not in DECODER_POSITIONS:
         raise ValueError(
             f"--decoder_positions must be one of {DECODER_POSITIONS} (got {model_args.decoder_positions!r})."
         )
     if not 0.0 < data_args.heldout_fraction < 1.0:
         raise ValueError(f"--heldout_fraction must be in (0, 1) (got {data_args.heldout_fraction}).")
-    if training_args.max_steps <= 0:
+    if training_args.do_train and training_args.max_steps <= 0:
         raise ValueError("--max_steps must be set: the budget is a number of training steps (Csordas et al.: 50K).")
-    training_args.eval_strategy = "no"
+
+
+def main(argv: list[str] | None = None) -> dict:
+    use_cpu_for_multi_process_launch()
+    argv = sys.argv[1:] if argv is None else argv
+    parser = HfArgumentParser((ModelArguments, PanmMemoryConfig, DataArguments, Seq2SeqTrainingArguments))
+    parser.set_defaults(**SCAN_PANM_FLAGS, **TRAINING_DEFAULTS)
+    model_args, panm_args, data_args, training_args = parser.parse_args_into_dataclasses(args=argv)
+    apply_default_steps(training_args, argv, ("do_train", "do_eval"))
+    if data_args.smoke:
+        apply_smoke(SMOKE_OVERRIDES, model_args, panm_args, data_args, training_args)
+    validate(model_args, data_args, training_args)
+    training_args.eval_strategy = "no"  # SCAN scores by generation (score_sets, --eval_every), not Trainer's loss
     set_seed(training_args.seed)
 
-    train, heldout, test = cutoff_split(read_tasks(Path(data_args.data_dir) / "tasks.txt.gz"),
-                                        data_args.cutoff, data_args.heldout_fraction)  # fmt: skip
-    train = train.subset(data_args.max_train_samples, training_args.seed)
-    sets = {
-        "test": test.subset(data_args.max_test_samples, training_args.seed),
-        "heldout": heldout.subset(data_args.max_heldout_samples, training_args.seed),
-    }
-    tokenizer = word_tokenizer(train.commands + train.actions)  # every SCAN word occurs at every cut-off
-    datasets = {"train": tokenize(train, tokenizer)}
-    max_positions = 64  # SCAN's longest output is 48 actions + EOS
-    config = backbone_config(model_args, tokenizer, max_positions)
-
+    sets = load_sets(data_args, training_args.seed)
+    if sets["train"] is not None:
+        sets["train"] = sets["train"].subset(data_args.max_train_samples, training_args.seed)
+    check_sets(training_args, {key for key in ("train", "eval", "test") if sets[key]},
+               {"do_train": "train", "do_eval": "eval", "do_predict": "test"})  # fmt: skip
     names = MODELS if model_args.model == "both" else (model_args.model,)
+    sources = {name: model_source(name, data_args, training_args) for name in names}
+    if sources[names[0]] is not None:
+        tokenizer = load_tokenizer(sources[names[0]])
+    else:  # every SCAN word occurs at every cut-off
+        tokenizer = word_tokenizer(sets["train"].commands + sets["train"].actions)
+    datasets = {"train": tokenize(sets["train"], tokenizer) if training_args.do_train else None}
+    max_positions = 64  # SCAN's longest output is 48 actions + EOS
+    config = backbone_config(model_args, tokenizer, max_positions) if None in sources.values() else None
     results = {
-        name: run_one(name, model_args, panm_args, data_args, training_args, tokenizer, config, datasets, sets)
+        name: run_one(name, model_args, panm_args, data_args, training_args, tokenizer, sources[name] or config,
+                      datasets, sets)
         for name in names
-    }
+    }  # fmt: skip
     summary = {
-        "cutoff": data_args.cutoff,
-        "max_steps": training_args.max_steps,
+        "cutoff": data_args.cutoff, "max_steps": training_args.max_steps,
         "per_device_train_batch_size": training_args.per_device_train_batch_size,
-        "learning_rate": training_args.learning_rate,
-        "seed": training_args.seed,
-        "num_train": len(train.commands),
-        "num_eval": {key: len(split.commands) for key, split in sets.items()},
-        "model_args": {**asdict(model_args), **asdict(panm_args)},
+        "learning_rate": training_args.learning_rate, "seed": training_args.seed,
+        "num_train": len(sets["train"].commands) if sets["train"] else 0,
+        "num_eval": {key: len(split.commands) for key, split in {**sets["eval"], **sets["test"]}.items()},
+        "model_args": {**asdict(model_args), **asdict(panm_args)}, "data_args": asdict(data_args),
         "device": "cuda" if torch.cuda.is_available() else "cpu",
-        "command": " ".join(["python", "examples/scan/run_scan.py", *(sys.argv[1:] if argv is None else argv)]),
-        "results": results,
-    }
+        "command": " ".join(["python", "examples/scan/run_scan.py", *argv]), "results": results,
+    }  # fmt: skip
+    write_results(training_args, summary)
     if training_args.process_index == 0:
-        os.makedirs(training_args.output_dir, exist_ok=True)
-        with open(os.path.join(training_args.output_dir, "results.json"), "w") as handle:
-            json.dump(summary, handle, indent=2)
         for name, result in results.items():
-            print(
-                f"{name}: L={data_args.cutoff} test {result['test']['exact_match']:.1f}%, "
-                f"i.i.d. {result['heldout']['exact_match']:.1f}% exact match; EOS {result['test']['eos_diagnosis']}"
-            )
+            scores = ", ".join(f"{key} {result[key]['exact_match']:.1f}%" for key in sets["eval"] if key in result)
+            print(f"{name}: L={data_args.cutoff} {scores} exact match")
     return summary
 
 

@@ -32,6 +32,21 @@ from controls import apply_control, validate_control
 from datasets import Dataset
 from length_split import TranslationPairs, hold_out, length_split, load_hub_pairs, load_local_pairs, sample
 from local_tokenizer import train_tokenizer
+from script_conventions import (
+    TRAINING_DEFAULTS,
+    ScriptArguments,
+    apply_default_steps,
+    check_run,
+    check_sets,
+    load_file_pairs,
+    load_pretrained,
+    load_tokenizer,
+    log_and_save,
+    model_source,
+    train,
+    use_cpu_for_multi_process_launch,
+    write_results,
+)
 from transformers import (
     AutoModelForSeq2SeqLM,
     BartConfig,
@@ -57,6 +72,8 @@ RECOMMENDED_PANM_FLAGS = {"content_read": "decoder", "pointer_update": "shift"}
 # output dropped for half of each batch's samples in training, the measured best on Multi30K (section
 # 12 of that page) and on place_value (docs/RESULTS.md); the bAbI example keeps `residual`.
 MEASURED_BEST_FLAGS = {**RECOMMENDED_PANM_FLAGS, "placement": "stack", "panm_drop_path": 0.5}
+# test perplexity every epoch is the figure's curve; a flag given wins
+EXAMPLE_DEFAULTS = {**MEASURED_BEST_FLAGS, **TRAINING_DEFAULTS, "eval_strategy": "epoch"}
 
 
 @dataclass
@@ -99,8 +116,10 @@ class ModelArguments:
 
 
 @dataclass
-class DataArguments:
-    """Where the data come from and how they are split."""
+class DataArguments(ScriptArguments):
+    """Where the data come from and how they are split: --data_dir/--dataset_name pooled for the length split,
+    or --train_file/--validation_file/--test_file used as given (columns --source_lang/--target_lang, or a
+    "translation" dict of them)."""
 
     data_dir: str | None = field(
         default=None, metadata={"help": "Folder with {train,val,test_2016_flickr}.{en,de}.gz."}
@@ -176,8 +195,12 @@ def validate_model_args(model_args: ModelArguments) -> None:
 
 def validate(model_args: ModelArguments, data_args: DataArguments) -> None:
     validate_model_args(model_args)
-    if (data_args.data_dir is None) == (data_args.dataset_name is None):
-        raise ValueError("Give exactly one of --data_dir (local Multi30K files) or --dataset_name (Hub).")
+    sources = [data_args.data_dir is not None, data_args.dataset_name is not None, bool(data_args.given_files())]
+    if sum(sources) != 1:
+        raise ValueError(
+            "Give one data source: --data_dir (local Multi30K files), --dataset_name (Hub), or "
+            "--train_file/--validation_file/--test_file (json, jsonl or csv, used as given)."
+        )
 
 
 def backbone_config(model_args: ModelArguments, tokenizer, max_positions: int):
@@ -209,6 +232,12 @@ def backbone_config(model_args: ModelArguments, tokenizer, max_positions: int):
 
 
 def build_model(name: str, model_args: ModelArguments, panm_args: PanmMemoryConfig, config) -> PreTrainedModel:
+    """Model `name` from a backbone config (random weights) or, when `config` is a path, from that checkpoint."""
+    if isinstance(config, str):
+        model = load_pretrained(name, config, {"placement": model_args.placement, **asdict(panm_args)})
+        if name == "panm":
+            apply_control(model, model_args.control)
+        return model
     # Each model gets its own copy: Trainer sets `model.config.use_cache = False` for training, and
     # on a shared config that flag would reach the next model's generation config.
     config = copy.deepcopy(config)
@@ -323,22 +352,57 @@ def best_epoch(epoch_perplexity: list[dict]) -> dict | None:
     return min(epoch_perplexity, key=lambda entry: entry["test_perplexity"], default=None)
 
 
-def run_one(
-    name: str,
-    model_args: ModelArguments,
-    panm_args: PanmMemoryConfig,
-    data_args: DataArguments,
-    training_args: Seq2SeqTrainingArguments,
-    tokenizer,
-    config,
-    train_dataset: Dataset,
-    test_dataset: Dataset,
-    test_pairs: TranslationPairs,
-    heldout_dataset: Dataset | None = None,
-) -> dict:
-    """Train one model, evaluate test perplexity every epoch, then translate the test set for BLEU.
+@dataclass
+class TranslationData:
+    """The tokenized sets a run uses (None where it does not use one) and the test pairs for BLEU."""
 
-    With `heldout_dataset` (pairs held out of the training split) each epoch also records its perplexity.
+    train: Dataset | None
+    eval: Dataset | None
+    test: Dataset | None
+    test_pairs: TranslationPairs | None
+    heldout: Dataset | None = None
+
+
+def epoch_curve(log_history: list[dict], test_key: str, heldout: bool) -> list[dict]:
+    """Test (and held-out) perplexity of every evaluation logged during training."""
+    test = [entry for entry in log_history if test_key in entry]
+    curve = [{"epoch": entry["epoch"], "test_perplexity": math.exp(entry[test_key])} for entry in test]
+    if heldout:
+        held = [math.exp(entry["eval_heldout_loss"]) for entry in log_history if "eval_heldout_loss" in entry]
+        for point, ppl in zip(curve, held, strict=True):
+            point["heldout_perplexity"] = ppl
+    return curve
+
+
+def evaluate_perplexity(trainer, data: TranslationData, test_key: str) -> dict:
+    metrics = trainer.evaluate()
+    log_and_save(trainer, "eval", {**metrics, "eval_samples": len(data.eval)})
+    heldout = None if data.heldout is None else math.exp(metrics["eval_heldout_loss"])
+    return {"test_perplexity": math.exp(metrics[test_key]), "test_loss": metrics[test_key],
+            "heldout_perplexity": heldout}  # fmt: skip
+
+
+def predict_bleu(trainer, data: TranslationData, tokenizer, max_length: int, num_beams: int) -> dict:
+    """Translate the test set (beam search) and score sacreBLEU."""
+    trainer.args.predict_with_generate = True
+    start = time.time()
+    prediction = trainer.predict(data.test, max_length=max_length, num_beams=num_beams)
+    generate_seconds = time.time() - start
+    token_ids = np.where(prediction.predictions >= 0, prediction.predictions, tokenizer.pad_token_id)
+    hypotheses = [text.strip() for text in tokenizer.batch_decode(token_ids, skip_special_tokens=True)]
+    bleu = sacrebleu.corpus_bleu(hypotheses, [data.test_pairs.targets])
+    log_and_save(trainer, "predict", {**prediction.metrics, "predict_bleu": bleu.score,
+                                      "predict_samples": len(data.test)})  # fmt: skip
+    pairs = data.test_pairs
+    return {"test_bleu": bleu.score, "bleu_detail": str(bleu), "generate_seconds": round(generate_seconds, 1),
+            "examples": [{"source": s, "reference": r, "hypothesis": h} for s, r, h in
+                         zip(pairs.sources[:3], pairs.targets[:3], hypotheses[:3])]}  # fmt: skip
+
+
+def run_one(name, model_args, panm_args, data_args, training_args, tokenizer, config, data: TranslationData) -> dict:
+    """Train one model (test perplexity every epoch), evaluate its perplexity, translate the test set for BLEU.
+
+    `config` is a backbone config, or the path of a checkpoint (`--model_name_or_path`, or a saved model).
     """
     set_seed(training_args.seed)  # both models start from the same random stream
     model = build_model(name, model_args, panm_args, config)
@@ -349,54 +413,25 @@ def run_one(
     model.generation_config.num_beams = num_beams
     # per-epoch evaluation: loss only; BLEU once at the end
     # a dict of eval sets makes Trainer log eval_test_loss / eval_heldout_loss, one entry each
-    eval_sets = test_dataset if heldout_dataset is None else {"test": test_dataset, "heldout": heldout_dataset}
-    test_key = "eval_loss" if heldout_dataset is None else "eval_test_loss"
+    eval_sets = data.eval if data.heldout is None else {"test": data.eval, "heldout": data.heldout}
+    test_key = "eval_loss" if data.heldout is None else "eval_test_loss"
     trainer = model_trainer(
-        name, model, tokenizer, training_args, train_dataset, eval_sets, generate=False,
-        panm_weight_decay=model_args.panm_weight_decay,
+        name, model, tokenizer, training_args, data.train, eval_sets if data.eval is not None else None,
+        generate=False, panm_weight_decay=model_args.panm_weight_decay,
     )  # fmt: skip
-    model_dir = trainer.args.output_dir
-    start = time.time()
-    trainer.train()
-    train_seconds = time.time() - start
-    final_metrics = trainer.evaluate()
-    test_loss = final_metrics[test_key]
-
-    def per_epoch(key: str) -> list[tuple[float, float]]:
-        # the last entry is the final evaluate() above, already in test_perplexity
-        return [(entry["epoch"], math.exp(entry[key])) for entry in trainer.state.log_history if key in entry][:-1]
-
-    epoch_perplexity = [{"epoch": epoch, "test_perplexity": ppl} for epoch, ppl in per_epoch(test_key)]
-    if heldout_dataset is not None:
-        for entry, (_epoch, ppl) in zip(epoch_perplexity, per_epoch("eval_heldout_loss"), strict=True):
-            entry["heldout_perplexity"] = ppl
-
-    trainer.args.predict_with_generate = True
-    start = time.time()
-    prediction = trainer.predict(test_dataset, max_length=max_length, num_beams=num_beams)
-    generate_seconds = time.time() - start
-    token_ids = np.where(prediction.predictions >= 0, prediction.predictions, tokenizer.pad_token_id)
-    hypotheses = [text.strip() for text in tokenizer.batch_decode(token_ids, skip_special_tokens=True)]
-    bleu = sacrebleu.corpus_bleu(hypotheses, [test_pairs.targets])
+    result = {"num_parameters": sum(p.numel() for p in model.parameters())}
+    if training_args.do_train:
+        result.update(train(trainer, data_args, len(data.train), data_args.train_file or data_args.data_dir or
+                            data_args.dataset_name))  # fmt: skip
+    result["epoch_perplexity"] = epoch_curve(trainer.state.log_history, test_key, data.heldout is not None)
+    result["best_epoch_perplexity"] = best_epoch(result["epoch_perplexity"])
+    if training_args.do_eval:
+        result.update(evaluate_perplexity(trainer, data, test_key))
+    if training_args.do_predict:
+        result.update(predict_bleu(trainer, data, tokenizer, max_length, num_beams))
     checksums = gather_checksums(trainer.model)
-    if trainer.is_world_process_zero():
-        trainer.save_model(model_dir)  # saves the tokenizer too (processing_class)
-    return {
-        "test_perplexity": math.exp(test_loss),
-        "test_loss": test_loss,
-        "test_bleu": bleu.score,
-        "bleu_detail": str(bleu),
-        "epoch_perplexity": epoch_perplexity,
-        "best_epoch_perplexity": best_epoch(epoch_perplexity),
-        "heldout_perplexity": None if heldout_dataset is None else math.exp(final_metrics["eval_heldout_loss"]),
-        "num_parameters": sum(p.numel() for p in model.parameters()),
-        "train_seconds": round(train_seconds, 1),
-        "generate_seconds": round(generate_seconds, 1),
-        "examples": [{"source": s, "reference": r, "hypothesis": h} for s, r, h in
-                     zip(test_pairs.sources[:3], test_pairs.targets[:3], hypotheses[:3])],
-        "rank_checksums": checksums,
-        "ranks_in_sync": all(c == checksums[0] for c in checksums),
-    }  # fmt: skip
+    result.update(rank_checksums=checksums, ranks_in_sync=all(c == checksums[0] for c in checksums))
+    return result
 
 
 def plot_perplexity(results: dict, path: str, title: str) -> None:
@@ -420,84 +455,106 @@ def plot_perplexity(results: dict, path: str, title: str) -> None:
 def parse_arguments(argv: list[str]) -> tuple:
     """The four argument dataclasses from command-line flags, or from one JSON file (`run_translation.py args.json`).
 
-    The example's defaults (`MEASURED_BEST_FLAGS`) apply either way; a flag or JSON key given wins.
+    The example's defaults (`EXAMPLE_DEFAULTS`) apply either way; a flag or JSON key given wins.
     """
     parser = HfArgumentParser((ModelArguments, PanmMemoryConfig, DataArguments, Seq2SeqTrainingArguments))
-    parser.set_defaults(**MEASURED_BEST_FLAGS)
+    parser.set_defaults(**EXAMPLE_DEFAULTS)
     if len(argv) == 1 and argv[0].endswith(".json"):
         with open(os.path.abspath(argv[0]), encoding="utf-8") as handle:
             given = json.load(handle)
-        return parser.parse_dict({**MEASURED_BEST_FLAGS, **given})  # parse_dict alone ignores set_defaults
+        return parser.parse_dict({**EXAMPLE_DEFAULTS, **given})  # parse_dict alone ignores set_defaults
     return parser.parse_args_into_dataclasses(args=argv)
 
 
-def main(argv: list[str] | None = None) -> dict:
-    if not torch.cuda.is_available() and int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        # `accelerate launch --multi_gpu` on a machine without GPUs: Trainer needs use_cpu to pick
-        # gloo DDP over CPU processes; without it every process silently trains alone.
-        os.environ["ACCELERATE_USE_CPU"] = "true"
-    model_args, panm_args, data_args, training_args = parse_arguments(sys.argv[1:] if argv is None else argv)
-    if data_args.smoke:
-        apply_smoke(SMOKE_OVERRIDES, model_args, panm_args, data_args, training_args)
-    validate(model_args, data_args)
-    if torch.cuda.is_available() and torch.cuda.is_bf16_supported() and not training_args.fp16:
-        training_args.bf16 = True  # bf16 on GPU; CPU runs stay fp32
-    training_args.eval_strategy = "epoch"
-    training_args.save_strategy = "no"
-    set_seed(training_args.seed)
-
+def load_pairs(data_args: DataArguments, seed: int) -> dict[str, TranslationPairs]:
+    """Pairs per set: the given files as they are, or the pool's length split (the long part is eval and test)."""
+    if data_args.given_files():
+        columns = load_file_pairs(data_args, (data_args.source_lang,), (data_args.target_lang,))
+        names = {"train": "train", "validation": "eval", "test": "test"}
+        return {names[split]: TranslationPairs(*pair) for split, pair in columns.items()}
     if data_args.data_dir is not None:
         pairs = load_local_pairs(data_args.data_dir, data_args.source_lang, data_args.target_lang)
     else:
         pairs = load_hub_pairs(
             data_args.dataset_name, data_args.dataset_config_name, data_args.source_lang, data_args.target_lang
         )
-    pairs = sample(pairs, data_args.max_pool_samples, training_args.seed)
-    train_pairs, test_pairs = length_split(pairs, data_args.split_ratio)
-    train_pairs = sample(train_pairs, data_args.max_train_samples, training_args.seed)
-    test_pairs = sample(test_pairs, data_args.max_test_samples, training_args.seed)
-    heldout_pairs = None
+    train_pairs, test_pairs = length_split(sample(pairs, data_args.max_pool_samples, seed), data_args.split_ratio)
+    return {"train": train_pairs, "eval": test_pairs, "test": test_pairs}
+
+
+def prepare_pairs(data_args: DataArguments, training_args) -> dict[str, TranslationPairs]:
+    """The sets of this run, sampled (--max_train_samples, --max_test_samples) and with the held-out pairs."""
+    seed = training_args.seed
+    pairs = load_pairs(data_args, seed)
+    check_sets(training_args, set(pairs), {"do_train": "train", "do_eval": "eval", "do_predict": "test"})
+    if "train" in pairs:
+        pairs["train"] = sample(pairs["train"], data_args.max_train_samples, seed)
+    for key in ("eval", "test"):
+        if key in pairs:
+            pairs[key] = sample(pairs[key], data_args.max_test_samples, seed)
     if data_args.heldout_samples is not None:
-        train_pairs, heldout_pairs = hold_out(train_pairs, data_args.heldout_samples, training_args.seed)
+        pairs["train"], pairs["heldout"] = hold_out(pairs["train"], data_args.heldout_samples, seed)
+    return pairs
 
-    # the tokenizer learns from the training pairs only (never the held-out or test ones)
-    tokenizer = train_tokenizer(train_pairs.sources + train_pairs.targets, model_args.vocab_size)
-    train_dataset = tokenize(train_pairs, tokenizer, data_args)
-    test_dataset = tokenize(test_pairs, tokenizer, data_args)
-    heldout_dataset = None if heldout_pairs is None else tokenize(heldout_pairs, tokenizer, data_args)
-    max_positions = max(data_args.max_source_length, data_args.max_target_length) + 2
-    config = backbone_config(model_args, tokenizer, max_positions)
 
+def tokenize_sets(pairs: dict, tokenizer, data_args: DataArguments, training_args) -> TranslationData:
+    def tokenized(key: str, needed: bool) -> Dataset | None:
+        return tokenize(pairs[key], tokenizer, data_args) if needed and key in pairs else None
+
+    evaluates = training_args.do_eval or training_args.eval_strategy != "no"
+    return TranslationData(
+        train=tokenized("train", training_args.do_train), eval=tokenized("eval", evaluates),
+        test=tokenized("test", training_args.do_predict), test_pairs=pairs.get("test"),
+        heldout=tokenized("heldout", evaluates),
+    )  # fmt: skip
+
+
+def split_summary(pairs: dict[str, TranslationPairs]) -> dict:
+    train, test = pairs.get("train"), pairs.get("eval")
+    return {
+        "num_train": len(train) if train else 0, "num_test": len(test) if test else 0,
+        "num_heldout": len(pairs["heldout"]) if "heldout" in pairs else 0,
+        "max_train_source_words": max(len(s.split()) for s in train.sources) if train else None,
+        "min_test_source_words": min(len(s.split()) for s in test.sources) if test else None,
+    }  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> dict:
+    use_cpu_for_multi_process_launch()
+    argv = sys.argv[1:] if argv is None else argv
+    model_args, panm_args, data_args, training_args = parse_arguments(argv)
+    apply_default_steps(training_args, argv, ("do_train", "do_eval", "do_predict"))
+    if data_args.smoke:
+        apply_smoke(SMOKE_OVERRIDES, model_args, panm_args, data_args, training_args)
+    validate(model_args, data_args)
+    check_run(data_args, training_args, model_args.model)
+    if torch.cuda.is_available() and torch.cuda.is_bf16_supported() and not training_args.fp16:
+        training_args.bf16 = True  # bf16 on GPU; CPU runs stay fp32
+    set_seed(training_args.seed)
+
+    pairs = prepare_pairs(data_args, training_args)
     names = MODELS if model_args.model == "both" else (model_args.model,)
+    sources = {name: model_source(name, data_args, training_args) for name in names}
+    if sources[names[0]] is not None:
+        tokenizer = load_tokenizer(sources[names[0]])
+    else:  # the tokenizer learns from the training pairs only (never the held-out or test ones)
+        tokenizer = train_tokenizer(pairs["train"].sources + pairs["train"].targets, model_args.vocab_size)
+    data = tokenize_sets(pairs, tokenizer, data_args, training_args)
+    max_positions = max(data_args.max_source_length, data_args.max_target_length) + 2
+    config = backbone_config(model_args, tokenizer, max_positions) if None in sources.values() else None
     results = {
-        name: run_one(
-            name, model_args, panm_args, data_args, training_args, tokenizer, config, train_dataset, test_dataset,
-            test_pairs, heldout_dataset,
-        )
+        name: run_one(name, model_args, panm_args, data_args, training_args, tokenizer, sources[name] or config, data)
         for name in names
     }
     summary = {
-        "split_ratio": data_args.split_ratio,
-        "seed": training_args.seed,
-        "num_layers": model_args.num_layers,
-        "placement": model_args.placement,
-        "num_train": len(train_pairs),
-        "num_test": len(test_pairs),
-        "num_heldout": 0 if heldout_pairs is None else len(heldout_pairs),
-        "max_train_source_words": max(len(s.split()) for s in train_pairs.sources),
-        "min_test_source_words": min(len(s.split()) for s in test_pairs.sources),
-        "world_size": training_args.world_size,
-        "model_args": {**asdict(model_args), **asdict(panm_args)},
-        "data_args": asdict(data_args),
-        "num_train_epochs": training_args.num_train_epochs,
-        "learning_rate": training_args.learning_rate,
-        "per_device_train_batch_size": training_args.per_device_train_batch_size,
-        "results": results,
-    }
+        "split_ratio": data_args.split_ratio, "seed": training_args.seed, "num_layers": model_args.num_layers,
+        "placement": model_args.placement, **split_summary(pairs), "world_size": training_args.world_size,
+        "model_args": {**asdict(model_args), **asdict(panm_args)}, "data_args": asdict(data_args),
+        "num_train_epochs": training_args.num_train_epochs, "learning_rate": training_args.learning_rate,
+        "per_device_train_batch_size": training_args.per_device_train_batch_size, "results": results,
+    }  # fmt: skip
+    write_results(training_args, summary)
     if training_args.process_index == 0:
-        os.makedirs(training_args.output_dir, exist_ok=True)
-        with open(os.path.join(training_args.output_dir, "results.json"), "w") as handle:
-            json.dump(summary, handle, indent=2)
         if data_args.plot:
             plot_perplexity(
                 results,
@@ -506,7 +563,7 @@ def main(argv: list[str] | None = None) -> dict:
                 f"{model_args.num_layers} layers",
             )
         for name, result in results.items():
-            print(f"{name}: test perplexity {result['test_perplexity']:.2f}, BLEU {result['test_bleu']:.2f}")
+            print(f"{name}: test perplexity {result.get('test_perplexity')}, BLEU {result.get('test_bleu')}")
     return summary
 
 
