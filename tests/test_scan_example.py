@@ -170,3 +170,32 @@ def test_smoke_table_runs_each_design_as_its_own_json(tmp_path):
         summary = json.loads((tmp_path / f"{design}_L30_s0" / "results.json").read_text())
         assert summary["cutoff"] == 30 and summary["max_steps"] == 3
     assert "| panm_nope | 30 | 0 |" in result.stdout
+
+
+def test_eos_oracle_splits_free_errors_and_forces_the_target_length():
+    import eos_oracle
+    from transformers import BartConfig, BartForConditionalGeneration
+
+    outcomes = eos_oracle.free_outcomes(["A B", "A", "A B C", "B B"], ["A B", "A B", "A B", "A B"])
+    assert outcomes == {"correct": 25.0, "early_prefix": 25.0, "late_prefix": 25.0, "content": 25.0}
+    tokenizer = word_tokenizer(["jump walk twice", "I_JUMP I_WALK"])
+    config = BartConfig(vocab_size=len(tokenizer), d_model=16, encoder_layers=1, decoder_layers=1,
+                        encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=16, decoder_ffn_dim=16,
+                        max_position_embeddings=64, pad_token_id=tokenizer.pad_token_id,
+                        eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.bos_token_id,
+                        decoder_start_token_id=tokenizer.eos_token_id, forced_eos_token_id=None)  # fmt: skip
+    torch.manual_seed(0)
+    model = BartForConditionalGeneration(config).eval()
+    for length in (1, 4, 9):
+        (actions,) = eos_oracle.decode(model, tokenizer, ["jump twice"], length)
+        assert len(actions.split()) == length  # EOS suppressed before the length, decoding stopped after it
+
+
+def test_eos_oracle_names_a_folder_without_a_run(tmp_path):
+    import eos_oracle
+
+    with pytest.raises(ValueError, match="results.json does not exist"):
+        eos_oracle.load_run(tmp_path)
+    (tmp_path / "results.json").write_text(json.dumps({"cutoff": 26, "results": {"panm": {}}}))
+    with pytest.raises(ValueError, match="holds no saved model"):
+        eos_oracle.load_run(tmp_path)

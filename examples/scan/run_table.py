@@ -38,11 +38,6 @@ DESIGNS = {
     "panm_nope": ["--model", "panm", "--decoder_positions", "none"],
     "panm_nope_cr": ["--model", "panm", "--decoder_positions", "none", "--content_read", "decoder"],
     "panm_nope_stack": ["--model", "panm", "--decoder_positions", "none", "--placement", "stack"],
-    # the paper's integration at about the Transformer's parameter count (1.14M against 1.01M; panm: 2.07M)
-    "panm_small": [
-        "--model", "panm", "--decoder_positions", "absolute", "--pointer_hidden_size", "96",
-        "--controller_hidden_size", "96", "--mlp_hidden_size", "64",
-    ],
     # the translation and math examples' design (docs/results/transformer_integration.md), 128-wide GRUs
     "panm_example": [
         "--model", "panm", "--decoder_positions", "absolute", "--placement", "stack", "--panm_drop_path", "0.5",

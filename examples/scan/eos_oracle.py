@@ -1,0 +1,121 @@
+#!/usr/bin/env python
+"""Separate the EOS decision from the content: re-decode a trained SCAN run with the target length given.
+
+For each run folder written by `run_scan.py` (its `results.json` and saved model), on the run's test set:
+- **free**: greedy decoding as in the run, split by what went wrong: stopped early with every action
+  right so far (`early_prefix`), ran past the end with the whole target produced first (`late_prefix`),
+  or an action was wrong before either (`content`);
+- **oracle length**: greedy decoding forced to emit exactly the target's number of actions (EOS
+  suppressed before it, decoding stopped after it), Newman et al. 2020's oracle: exact match here is
+  what the model would score if its only error were the EOS decision.
+
+    python examples/scan/eos_oracle.py runs/scan/panm_L26_s0 runs/scan/transformer_L26_s0 \
+        --data_dir ../shared/data/scan --output eos_oracle.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import Counter
+from pathlib import Path
+
+import torch
+from run_scan import ScanSplit, cutoff_split, read_tasks
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+import panm_hf  # noqa: F401  (registers PANM with the Auto classes)
+
+
+def load_run(run_dir: Path):
+    """(summary, model, tokenizer) of a run folder; ValueError naming what is missing."""
+    from controls import apply_control  # examples/translation/controls.py, on sys.path once run_scan is imported
+
+    path = run_dir / "results.json"
+    if not path.is_file():
+        raise ValueError(f"{path} does not exist; pass run folders written by run_scan.py.")
+    summary = json.loads(path.read_text())
+    (name,) = summary["results"]
+    model_dir = run_dir / name
+    if not (model_dir / "config.json").is_file():
+        raise ValueError(f"{model_dir} holds no saved model; run_scan.py saves it at the end of training.")
+    model = AutoModelForSeq2SeqLM.from_pretrained(model_dir).eval()
+    apply_control(model, summary["model_args"].get("control"))  # a control's hook is not in the weights
+    return summary, model, AutoTokenizer.from_pretrained(model_dir)
+
+
+@torch.no_grad()
+def decode(model, tokenizer, commands: list[str], length: int | None, batch_size: int = 256) -> list[str]:
+    """Greedy actions; with `length`, exactly that many (EOS and other special tokens suppressed before,
+    decoding stopped after)."""
+    limits = {"max_new_tokens": 64}
+    if length is not None:  # exactly `length` actions: no EOS before, no other special token at all
+        specials = [i for i in tokenizer.all_special_ids if i != tokenizer.eos_token_id]
+        limits = {"min_new_tokens": length, "max_new_tokens": length, "suppress_tokens": specials}
+    outputs = []
+    for start in range(0, len(commands), batch_size):
+        batch = tokenizer(commands[start : start + batch_size], padding=True, return_tensors="pt")
+        generated = model.generate(**batch, num_beams=1, do_sample=False, **limits)
+        texts = tokenizer.batch_decode(generated, skip_special_tokens=True)
+        outputs += [" ".join(text.split()[: length or None]) for text in texts]
+    return outputs
+
+
+def free_outcomes(predictions: list[str], targets: list[str]) -> dict:
+    """% of outputs right, stopped early on a right prefix, ran late after the whole target, or wrong content."""
+    outcome = Counter()
+    for prediction, target in zip(predictions, targets):
+        p, t = prediction.split(), target.split()
+        if p == t:
+            outcome["correct"] += 1
+        elif len(p) < len(t) and t[: len(p)] == p:
+            outcome["early_prefix"] += 1
+        elif len(p) > len(t) and p[: len(t)] == t:
+            outcome["late_prefix"] += 1
+        else:
+            outcome["content"] += 1
+    return {key: 100.0 * outcome[key] / len(targets) for key in ("correct", "early_prefix", "late_prefix", "content")}
+
+
+def oracle_exact_match(model, tokenizer, test: ScanSplit) -> float:
+    """Exact match (%) with every command decoded to its target's length, one generate() per length."""
+    by_length: dict[int, list[int]] = {}
+    for index, actions in enumerate(test.actions):
+        by_length.setdefault(len(actions.split()), []).append(index)
+    correct = 0
+    for length, indices in by_length.items():
+        predictions = decode(model, tokenizer, [test.commands[i] for i in indices], length)
+        correct += sum(p == test.actions[i] for p, i in zip(predictions, indices))
+    return 100.0 * correct / len(test.actions)
+
+
+def analyse(run_dir: Path, data_dir: Path) -> dict:
+    summary, model, tokenizer = load_run(run_dir)
+    _, _, test = cutoff_split(read_tasks(data_dir / "tasks.txt.gz"), summary["cutoff"], 0.1)
+    free = decode(model, tokenizer, test.commands, None)
+    return {
+        "run": run_dir.name,
+        "cutoff": summary["cutoff"],
+        "num_test": len(test.commands),
+        "free": free_outcomes(free, test.actions),
+        "oracle_length_exact_match": oracle_exact_match(model, tokenizer, test),
+    }
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("runs", nargs="+", type=Path)
+    parser.add_argument("--data_dir", type=Path, default=Path("../shared/data/scan"))
+    parser.add_argument("--output", type=Path, default=None, help="write the rows to this JSON file")
+    args = parser.parse_args(argv)
+    rows = [analyse(run_dir, args.data_dir) for run_dir in args.runs]
+    for row in rows:
+        free = ", ".join(f"{key} {value:.1f}" for key, value in row["free"].items())
+        print(f"{row['run']}: free decoding {free}; oracle length {row['oracle_length_exact_match']:.1f}")
+    if args.output is not None:
+        args.output.write_text(json.dumps(rows, indent=2))
+    return rows
+
+
+if __name__ == "__main__":
+    main()
