@@ -51,7 +51,12 @@ def decode(model, tokenizer, commands: list[str], length: int | None, batch_size
     limits = {"max_new_tokens": 64}
     if length is not None:  # exactly `length` actions: no EOS before, no other special token at all
         specials = [i for i in tokenizer.all_special_ids if i != tokenizer.eos_token_id]
-        limits = {"min_new_tokens": length, "max_new_tokens": length, "suppress_tokens": specials}
+        limits = {
+            "min_new_tokens": length,
+            "max_new_tokens": length,
+            "suppress_tokens": specials,
+            "forced_eos_token_id": None,
+        }  # fmt: skip (Marian's config forces token 0 at the limit)
     outputs = []
     for start in range(0, len(commands), batch_size):
         batch = tokenizer(commands[start : start + batch_size], padding=True, return_tensors="pt")
