@@ -21,7 +21,7 @@ from collections import Counter
 from pathlib import Path
 
 import torch
-from run_scan import ScanSplit, cutoff_split, read_tasks
+from run_scan import ScanSplit, cutoff_split, greedy_actions, read_tasks
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 import panm_hf  # noqa: F401  (registers PANM with the Auto classes)
@@ -46,24 +46,15 @@ def load_run(run_dir: Path):
 
 @torch.no_grad()
 def decode(model, tokenizer, commands: list[str], length: int | None, batch_size: int = 256) -> list[str]:
-    """Greedy actions; with `length`, exactly that many (EOS and other special tokens suppressed before,
-    decoding stopped after)."""
-    limits = {"max_new_tokens": 64}
-    if length is not None:  # exactly `length` actions: no EOS before, no other special token at all
-        specials = [i for i in tokenizer.all_special_ids if i != tokenizer.eos_token_id]
-        limits = {
-            "min_new_tokens": length,
-            "max_new_tokens": length,
-            "suppress_tokens": specials,
-            "forced_eos_token_id": None,
-        }  # fmt: skip (Marian's config forces token 0 at the limit)
-    outputs = []
-    for start in range(0, len(commands), batch_size):
-        batch = tokenizer(commands[start : start + batch_size], padding=True, return_tensors="pt")
-        generated = model.generate(**batch, num_beams=1, do_sample=False, **limits)
-        texts = tokenizer.batch_decode(generated, skip_special_tokens=True)
-        outputs += [" ".join(text.split()[: length or None]) for text in texts]
-    return outputs
+    """Greedy actions as in the run; with `length`, exactly that many (EOS and every other special token
+    suppressed before, decoding stopped after)."""
+    split = ScanSplit(commands, [""] * len(commands))
+    if length is None:
+        return greedy_actions(model, split, tokenizer, batch_size, 64)
+    specials = [i for i in tokenizer.all_special_ids if i != tokenizer.eos_token_id]
+    # forced_eos_token_id=None: Marian's config forces token 0 at the length limit
+    limits = {"min_new_tokens": length, "suppress_tokens": specials, "forced_eos_token_id": None}
+    return greedy_actions(model, split, tokenizer, batch_size, length, **limits)
 
 
 def free_outcomes(predictions: list[str], targets: list[str]) -> dict:

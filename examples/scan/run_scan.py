@@ -199,8 +199,9 @@ def remove_decoder_positions(model: torch.nn.Module) -> None:
 
 
 @torch.no_grad()
-def greedy_actions(model, split: ScanSplit, tokenizer, batch_size: int, max_new_tokens: int) -> list[str]:
-    """Greedy action sequences for `split.commands`, decoded to space-separated words."""
+def greedy_actions(model, split: ScanSplit, tokenizer, batch_size: int, max_new_tokens: int, **limits) -> list[str]:
+    """Greedy action sequences for `split.commands`, decoded to space-separated words; `limits` are further
+    `generate()` arguments (`eos_oracle.py` forces lengths with them)."""
     was_training = model.training
     model.eval()
     outputs = []
@@ -209,7 +210,7 @@ def greedy_actions(model, split: ScanSplit, tokenizer, batch_size: int, max_new_
         generated = model.generate(
             input_ids=batch["input_ids"].to(model.device),
             attention_mask=batch["attention_mask"].to(model.device),
-            max_new_tokens=max_new_tokens, num_beams=1, do_sample=False,
+            max_new_tokens=max_new_tokens, num_beams=1, do_sample=False, **limits,
         )  # fmt: skip
         outputs += [" ".join(t.split()) for t in tokenizer.batch_decode(generated, skip_special_tokens=True)]
     model.train(was_training)
