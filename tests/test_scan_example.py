@@ -23,6 +23,7 @@ import run_table  # noqa: E402
 from run_scan import (  # noqa: E402
     ScanSplit,
     cutoff_split,
+    randomise_decoder_positions,
     read_tasks,
     remove_decoder_positions,
     score,
@@ -103,6 +104,33 @@ def test_remove_decoder_positions_makes_the_decoder_blind_to_position(backbone):
                         output_hidden_states=True).decoder_hidden_states[0]  # fmt: skip
     torch.testing.assert_close(first_layer[0, 1], first_layer[0, 3])
     assert not model.get_decoder().embed_positions.weight.requires_grad
+
+
+@pytest.mark.parametrize("backbone", ["bart", "marian"])
+def test_randomise_decoder_positions_shifts_each_sample_in_training_only(backbone):
+    from conftest import BACKBONES
+    from transformers import AutoModelForSeq2SeqLM
+
+    torch.manual_seed(0)
+    model = AutoModelForSeq2SeqLM.from_config(BACKBONES[backbone]())
+    positions = model.get_decoder().embed_positions
+    table = positions.weight.detach()[getattr(positions, "offset", 0) :]  # (positions, d): position 0 first
+    randomise_decoder_positions(model, max_offset=5)
+    ids = torch.zeros(64, 4, dtype=torch.long)
+    input_ids = ids.shape if backbone == "marian" else ids  # Marian's position module takes the ids' shape
+    positions.eval()
+    torch.testing.assert_close(positions(input_ids).expand(64, -1, -1), table[:4].expand(64, -1, -1))
+    positions.train()
+    shifted = positions(input_ids)  # (64, 4, d)
+    starts = set()
+    for row in shifted:  # each row is 4 consecutive positions from a start in [0, 5]
+        matches = [k for k in range(6) if torch.equal(row, table[k : k + 4])]
+        assert len(matches) == 1
+        starts |= set(matches)
+    assert len(starts) > 1  # the offset is drawn per sample
+    with pytest.raises(ValueError, match="--max_position_offset"):
+        randomise_decoder_positions(model, max_offset=10_000)
+        positions(input_ids)
 
 
 def test_remove_decoder_positions_refuses_a_relative_position_backbone():

@@ -69,7 +69,7 @@ from script_conventions import (  # noqa: E402
 
 PAD, UNK, BOS, EOS = "<pad>", "<unk>", "<s>", "</s>"
 CUTOFFS = (22, 24, 25, 26, 27, 28, 30, 32, 33, 36, 40)  # the paper's Table 3
-DECODER_POSITIONS = ("absolute", "none")
+DECODER_POSITIONS = ("absolute", "none", "offset")
 HELDOUT_SEED = 1234  # Csordas et al.'s scan_length_resplit
 # The design the SCAN page recommends for PANM (docs/results/scan.md): the paper's integration.
 SCAN_PANM_FLAGS = {"placement": "replace", "panm_drop_path": 0.0}
@@ -89,7 +89,14 @@ class ModelArguments(TranslationModelArguments):
     vocab_size: int = field(default=0, metadata={"help": "Unused: the vocabulary is SCAN's words."})
     decoder_positions: str = field(
         default="absolute",
-        metadata={"help": "absolute: the backbone's own; none: the decoder's absolute positions zeroed and frozen."},
+        metadata={
+            "help": "absolute: the backbone's own; none: the decoder's absolute positions zeroed and frozen; "
+            "offset: in training each sample's decoder positions start at a random offset in "
+            "[0, --max_position_offset] (PANM's random base address, given to the decoder), at 0 in evaluation."
+        },
+    )
+    max_position_offset: int = field(
+        default=64, metadata={"help": "Largest random decoder position offset of --decoder_positions offset."}
     )
 
 
@@ -198,6 +205,34 @@ def remove_decoder_positions(model: torch.nn.Module) -> None:
     positions.weight.requires_grad_(False)
 
 
+def randomise_decoder_positions(model: torch.nn.Module, max_offset: int) -> None:
+    """In training, start each sample's decoder positions at a random offset in [0, max_offset] (at 0 in eval).
+
+    A forward hook on the decoder's position embedding re-reads it at the shifted positions, so the saved
+    weights are the backbone's own and a saved model loads and decodes as the plain backbone (offset 0).
+    Every position up to the longest training output + `max_offset` gets trained, and no absolute position
+    marks the training lengths (Ruoss et al. 2023; PANM's base address p_B for the decoder).
+    """
+    positions = getattr(model.get_decoder(), "embed_positions", None)
+    if positions is None or not hasattr(positions, "weight"):
+        raise ValueError("--decoder_positions offset needs a decoder with absolute positions (bart or marian).")
+    table_size = positions.weight.shape[0] - getattr(positions, "offset", 0)
+
+    def shifted(module, args, output):
+        if not module.training:
+            return None
+        steps = output.shape[-2]
+        shape = args[0] if isinstance(args[0], torch.Size) else args[0].shape  # Marian passes the ids' shape
+        batch = shape[0]
+        offsets = torch.randint(0, max_offset + 1, (batch, 1), device=module.weight.device)  # (batch, 1)
+        ids = torch.arange(steps, device=module.weight.device) + offsets  # (batch, steps)
+        if int(ids.max()) >= table_size:
+            raise ValueError(f"--max_position_offset {max_offset} runs past the {table_size} decoder positions.")
+        return torch.nn.functional.embedding(ids + getattr(module, "offset", 0), module.weight)  # (batch, steps, d)
+
+    positions.register_forward_hook(shifted)
+
+
 @torch.no_grad()
 def greedy_actions(model, split: ScanSplit, tokenizer, batch_size: int, max_new_tokens: int, **limits) -> list[str]:
     """Greedy action sequences for `split.commands`, decoded to space-separated words; `limits` are further
@@ -290,6 +325,8 @@ def run_one(name, model_args, panm_args, data_args, training_args, tokenizer, co
     model = build_model(name, model_args, panm_args, config)
     if model_args.decoder_positions == "none":
         remove_decoder_positions(model)
+    elif model_args.decoder_positions == "offset":
+        randomise_decoder_positions(model, model_args.max_position_offset)
     batch_size = training_args.per_device_eval_batch_size
     curve_sets = {key: split.subset(data_args.curve_samples, training_args.seed) for key, split in sets["eval"].items()}
     callback = CurveCallback(curve_sets, tokenizer, data_args.eval_every, batch_size, data_args.max_new_tokens)
@@ -366,6 +403,8 @@ def main(argv: list[str] | None = None) -> dict:
         tokenizer = word_tokenizer(sets["train"].commands + sets["train"].actions)
     datasets = {"train": tokenize(sets["train"], tokenizer) if training_args.do_train else None}
     max_positions = 64  # SCAN's longest output is 48 actions + EOS
+    if model_args.decoder_positions == "offset":
+        max_positions += model_args.max_position_offset
     config = backbone_config(model_args, tokenizer, max_positions) if None in sources.values() else None
     results = {
         name: run_one(name, model_args, panm_args, data_args, training_args, tokenizer, sources[name] or config,
