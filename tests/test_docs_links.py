@@ -85,7 +85,7 @@ def test_relative_links_resolve(md):
 
 
 def test_slug_matches_github():
-    assert _slug("The authors' Controller attention (`content_read=\"controller\"`)") == (
+    assert _slug('The authors\' Controller attention (`content_read="controller"`)') == (
         "the-authors-controller-attention-content_readcontroller"
     )
     assert _slug("Which checkpoint: the paper's L+1 rule and the authors' 2(L+1)") == (
