@@ -48,14 +48,14 @@ class PanmMemoryConfig:
         scoring (`str`, *optional*, defaults to `"cosine"`):
             attention scoring of the address attention (Eq. 2) and Mode-2 attention (Eq. 5):
             `"cosine"` (the paper's equations, times a learnable inverse temperature) or `"dot"`
-            (scaled dot product, the authors' code); compared in docs/RESULTS.md, "Design choices measured".
+            (scaled dot product, the authors' code); compared in docs/results/design_choices.md.
         cosine_inverse_temperature (`float`, *optional*, defaults to 15.0):
             initial inverse temperature for `scoring="cosine"`.
         address_key (`str`, *optional*, defaults to `"mlp"`):
             `g^a`, the map from an address code to its key in the address attention (Eq. 2): `"mlp"`
             (the paper's text, one hidden layer of `mlp_hidden_size`) or `"linear"` (the authors' code,
             an affine map of the bits, so with `scoring="dot"` a score is linear in each bit); compared in
-            docs/RESULTS.md ("Design choices measured", (c)).
+            docs/results/design_choices.md.
         controller_init (`str`, *optional*, defaults to `"mean"`):
             `h^c_0` from a projected `"mean"` of the real memory slots, or the paper's `"sum"`.
         pointer_update (`str`, *optional*, defaults to `"attention"`):
@@ -63,7 +63,7 @@ class PanmMemoryConfig:
             the paper) adds content-free pointer arithmetic: each unit picks, by one softmax, among
             moving its previous address attention by a step in `-K..K` and the paper's attention; the
             mixture is sharpened by a learned exponent (`panm_hf.pointer_arithmetic`); results in
-            docs/RESULTS.md ("Beyond the paper").
+            docs/results/beyond_paper.md.
         shift_range (`int`, *optional*, defaults to 1):
             `K`, the largest step of `pointer_update="shift"`.
         address_distractors (`int`, *optional*, defaults to 0):
@@ -78,7 +78,7 @@ class PanmMemoryConfig:
             `"controller"` is the authors' code itself: a Bahdanau attention over `M` queried by the
             Controller's previous state `h^c_{t-1}`, its value fed to the Controller GRU and `g^o`, so the
             read follows what has been decoded even with `z_t = 0`; the Controller then runs its steps one
-            at a time (no fused kernel); results in docs/RESULTS.md.
+            at a time (no fused kernel); results in docs/results/controller_read.md.
         panm_dropout (`float`, *optional*, defaults to 0.0):
             dropout on the reads entering the Controller and on its output (the paper has none; the
             authors' code drops 0.5 of the Mode-2 attention).

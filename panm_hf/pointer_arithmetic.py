@@ -2,7 +2,7 @@
 
 The paper's Pointer Unit moves a pointer only by attending over the address bank
 (Eq. 2). With binary codes the unit's score profile over all ``2^b`` addresses
-repeats with a short period (16 on Copy, see docs/RESULTS.md), so beyond the
+repeats with a short period (docs/results/demo.md measures it), so beyond the
 training window its weight spreads over look-alike addresses.
 
 Here each Pointer Unit chooses, from its own hidden state ``h^a_t``, a distribution
