@@ -10,16 +10,12 @@ tokens/s = batch * new_tokens / seconds compares like with like. Prints a Markdo
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
 import torch
+from timing import time_interleaved
 from transformers import AutoModelForSeq2SeqLM, MarianConfig
 
 from panm_hf import PanmConfig, PanmForSeq2SeqLM
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # timing.py beside this script
-from timing import time_interleaved  # noqa: E402
 
 
 def build_models(d_model: int, num_layers: int, vocab_size: int) -> dict:

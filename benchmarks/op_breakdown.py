@@ -15,19 +15,15 @@ from __future__ import annotations
 import argparse
 import bisect
 import contextlib
-import sys
 from collections import Counter
-from pathlib import Path
 
 import torch
+from overhead import build_case, set_recurrence_kernel, train_step
+from timing import time_interleaved
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # overhead.py beside this script
-from overhead import build_case, set_recurrence_kernel, train_step  # noqa: E402
-from timing import time_interleaved  # noqa: E402
-
-from panm_hf import controller, memory, pointer_unit, reads  # noqa: E402
+from panm_hf import controller, memory, pointer_unit, reads
 
 OTHER = "backbone + loss"
 # (owner, method name) -> part; the innermost running part wins

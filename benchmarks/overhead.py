@@ -37,6 +37,7 @@ import warnings
 from pathlib import Path
 
 import torch
+from timing import time_interleaved
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 from transformers import (
@@ -50,12 +51,7 @@ from transformers import (
 
 from panm_hf import PanmConfig, PanmForCausalLM, PanmForSeq2SeqLM
 from panm_hf.modeling_panm_qa import BertWithPanmForQuestionAnswering
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the research/ package beside panm_hf
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # timing.py beside this script
-from timing import time_interleaved  # noqa: E402
-
-from research import build_model, make_batch, task_spec  # noqa: E402
+from research import build_model, make_batch, task_spec
 
 SEQ2SEQ = dict(vocab_size=8000, d_model=512, encoder_layers=3, decoder_layers=3, encoder_attention_heads=8,
                decoder_attention_heads=8, encoder_ffn_dim=2048, decoder_ffn_dim=2048, max_position_embeddings=1024,

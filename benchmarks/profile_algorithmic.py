@@ -6,16 +6,11 @@
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
 import torch
+from timing import time_interleaved
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the research/ package beside panm_hf
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # timing.py beside this script
-from timing import time_interleaved  # noqa: E402
-
-from research import build_model, make_batch, task_spec  # noqa: E402
+from research import build_model, make_batch, task_spec
 
 
 def median_ms(fn, repeats: int = 30) -> float:

@@ -12,19 +12,14 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import sys
 from functools import partial
-from pathlib import Path
 
 import torch
+from timing import time_interleaved
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the research/ package beside panm_hf
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # timing.py beside this script
-from timing import time_interleaved  # noqa: E402
-
-from research import build_model, make_batch, task_spec  # noqa: E402
-from research.harness import sequence_loss  # noqa: E402
-from research.models import PANM_VARIANTS  # noqa: E402
+from research import build_model, make_batch, task_spec
+from research.harness import sequence_loss
+from research.models import PANM_VARIANTS
 
 
 def main() -> None:

@@ -1,7 +1,7 @@
 """The paper's algorithmic length-generalisation suite: task generators, models, harness, diagnostics.
 
-Research code beside the examples, not part of the installed `panm_hf` package: scripts add the
-repository root to `sys.path` and `import research`.
+Research code beside the examples, not part of the `panm_hf` package: a top-level package of its own,
+installed beside it (`pip install -e .`), so scripts `import research` without path edits.
 """
 
 from research.algorithmic import (

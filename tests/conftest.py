@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -16,9 +15,6 @@ from transformers import (
     MBartConfig,
     T5Config,
 )
-
-# The algorithmic suite lives in research/ beside the package (not installed): tests import it from the root.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 VOCAB = 99
 TINY_PANM = {"address_bits": 6, "pointer_hidden_size": 12, "controller_hidden_size": 12, "mlp_hidden_size": 10}

@@ -10,13 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "examples" / "babi" / "run_babi.py"
-DATA_DIR = ROOT.parent / "shared" / "data" / "babi"
-
-sys.path.insert(0, str(SCRIPT.parent))
-from run_babi import (  # noqa: E402
+from run_babi import (
     BabiQuestion,
     babi_scores,
     length_split,
@@ -25,6 +19,11 @@ from run_babi import (  # noqa: E402
     task_files,
     word_tokenizer,
 )
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "examples" / "babi" / "run_babi.py"
+DATA_DIR = ROOT.parent / "shared" / "data" / "babi"
+
 
 STORY = (
     "1 Mary moved to the bathroom.\n"

@@ -1,6 +1,6 @@
 """The overhead benchmark: its cost counter on a known layer, and every section end to end on tiny models."""
 
-import importlib.util
+import importlib
 import json
 import math
 import subprocess
@@ -14,14 +14,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def load_overhead():
-    spec = importlib.util.spec_from_file_location("overhead", ROOT / "benchmarks" / "overhead.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module("overhead")  # benchmarks/ is on pytest's pythonpath (pyproject.toml)
 
 
 def test_time_interleaved_warms_up_interleaves_and_reduces():
-    overhead = load_overhead()  # puts benchmarks/ on sys.path, where timing.py lives
+    overhead = load_overhead()
     from timing import time_interleaved
 
     calls = []

@@ -7,11 +7,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from run_causal_lm import BOS, PAD, SEP, lm_batch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "examples" / "causal_lm"))
-
-from run_causal_lm import BOS, PAD, SEP, lm_batch  # noqa: E402
 
 
 def test_lm_framing_of_copy_and_reverse():

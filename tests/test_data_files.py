@@ -5,16 +5,13 @@ from __future__ import annotations
 import gzip
 import json
 import re
-import sys
 from pathlib import Path
 
 import pytest
+from length_split import load_local_pairs
+from utils_qa import length_split, load_squad_examples, prepare_train_features
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "examples" / "translation"))
-sys.path.insert(0, str(ROOT / "examples" / "question_answering"))
-from length_split import load_local_pairs  # noqa: E402
-from utils_qa import length_split, load_squad_examples, prepare_train_features  # noqa: E402
 
 CONTEXT = "the red cat sat on the old stone"
 

@@ -10,15 +10,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from run_dyck import MODELS, DyckArguments, build_model
+
+from panm_hf import PanmMemoryConfig
+from research.dyck import from_strings
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "examples" / "dyck" / "run_dyck.py"
-
-sys.path.insert(0, str(SCRIPT.parent))
-from run_dyck import MODELS, DyckArguments, build_model  # noqa: E402
-
-from panm_hf import PanmMemoryConfig  # noqa: E402
-from research.dyck import from_strings  # noqa: E402
 
 
 def _model(name):

@@ -10,13 +10,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from run_math import char_tokenizer, exact_match, read_pairs
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "examples" / "math" / "run_math.py"
 DATA_DIR = ROOT.parent / "shared" / "data" / "math"
-
-sys.path.insert(0, str(SCRIPT.parent))
-from run_math import char_tokenizer, exact_match, read_pairs  # noqa: E402
 
 
 def test_char_tokenizer_round_trips_and_ends_with_eos():

@@ -6,12 +6,12 @@ import gzip
 import json
 import os
 import random
-import sys
 
 import numpy as np
 import pytest
 import torch
 from conftest import run_without_panm_hf
+from squad_metric import exact_match_score, f1_score, normalize_answer, squad_scores
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import (
     AutoModelForQuestionAnswering,
@@ -21,6 +21,13 @@ from transformers import (
     PreTrainedTokenizerFast,
     TrainingArguments,
 )
+from utils_qa import (
+    length_split,
+    load_squad_examples,
+    postprocess_qa_predictions,
+    prepare_train_features,
+    prepare_validation_features,
+)
 
 import panm_hf  # noqa: F401  (registers the Auto classes)
 from panm_hf.configuration_panm import PanmConfig
@@ -28,16 +35,7 @@ from panm_hf.modeling_panm_qa import BertWithPanmForQA, BertWithPanmForQuestionA
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLE_DIR = os.path.join(REPO, "examples", "question_answering")
-sys.path.insert(0, EXAMPLE_DIR)  # the SQuAD tooling lives beside run_qa.py, as transformers' utils_qa.py does
 
-from squad_metric import exact_match_score, f1_score, normalize_answer, squad_scores  # noqa: E402
-from utils_qa import (  # noqa: E402
-    length_split,
-    load_squad_examples,
-    postprocess_qa_predictions,
-    prepare_train_features,
-    prepare_validation_features,
-)
 
 SMALL_PANM = {"address_bits": 7, "pointer_hidden_size": 16, "controller_hidden_size": 16, "mlp_hidden_size": 16}
 WORDS = "red blue green cat dog bird tree house river stone moon sun quick slow big small old new".split()
@@ -412,7 +410,6 @@ def test_postprocess_skips_question_tokens_and_long_spans():
 
 
 def test_trainer_evaluate_returns_squad_scores(squad_dir, tmp_path):
-    sys.path.insert(0, EXAMPLE_DIR)
     from datasets import Dataset
     from trainer_qa import QuestionAnsweringTrainer
 
@@ -441,7 +438,6 @@ def test_trainer_evaluate_returns_squad_scores(squad_dir, tmp_path):
 
 @pytest.mark.smoke
 def test_run_qa_example_end_to_end(squad_dir, tmp_path):
-    sys.path.insert(0, EXAMPLE_DIR)
     import run_qa
 
     root, data_file, _ = squad_dir

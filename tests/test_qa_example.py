@@ -11,14 +11,12 @@ import subprocess
 import sys
 
 import pytest
+import run_qa
 import torch
 from safetensors.torch import load_file
 from test_qa import EXAMPLE_DIR, REPO, WORDS, tiny_bert_config, wordpiece_tokenizer
 from transformers import BertForQuestionAnswering
-
-sys.path.insert(0, EXAMPLE_DIR)  # run_qa.py and its helpers, as transformers keeps them beside each other
-import run_qa  # noqa: E402
-from utils_qa import load_qa_file  # noqa: E402
+from utils_qa import load_qa_file
 
 RUN_QA = os.path.join(EXAMPLE_DIR, "run_qa.py")
 

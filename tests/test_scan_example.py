@@ -11,16 +11,9 @@ import sys
 from pathlib import Path
 
 import pytest
+import run_table
 import torch
-
-ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "examples" / "scan" / "run_scan.py"
-TABLE = ROOT / "examples" / "scan" / "run_table.py"
-DATA_DIR = ROOT.parent / "shared" / "data" / "scan"
-
-sys.path.insert(0, str(SCRIPT.parent))
-import run_table  # noqa: E402
-from run_scan import (  # noqa: E402
+from run_scan import (
     ScanSplit,
     cutoff_split,
     randomise_decoder_positions,
@@ -29,6 +22,12 @@ from run_scan import (  # noqa: E402
     score,
     word_tokenizer,
 )
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "examples" / "scan" / "run_scan.py"
+TABLE = ROOT / "examples" / "scan" / "run_table.py"
+DATA_DIR = ROOT.parent / "shared" / "data" / "scan"
+
 
 needs_data = pytest.mark.skipif(not DATA_DIR.is_dir(), reason="shared/data/scan is not available")
 

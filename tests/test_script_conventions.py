@@ -7,7 +7,6 @@ import importlib
 import json
 import os
 import random
-import sys
 from pathlib import Path
 
 import pytest
@@ -66,13 +65,8 @@ def write_jsonl(path: Path, example: str, num_rows: int = 12) -> str:
 
 
 def script(example: str):
-    """The example's module, imported the way its tests do (its folder on sys.path)."""
-    folder = {"translation": "translation", "math": "math", "babi": "babi", "scan": "scan"}[example]
-    sys.path.insert(0, str(ROOT / "examples" / folder))
-    try:
-        return importlib.import_module(f"run_{example}")
-    finally:
-        sys.path.remove(str(ROOT / "examples" / folder))
+    """The example's module (its folder is on pytest's `pythonpath`, see pyproject.toml)."""
+    return importlib.import_module(f"run_{example}")
 
 
 LENGTHS = {
@@ -148,8 +142,7 @@ def test_pretrained_checkpoint_files_do_flags_and_resume(example, checkpoint, tm
 
 
 def test_data_files_read_every_layout_and_errors_name_the_flag(tmp_path):
-    sys.path.insert(0, str(ROOT / "examples" / "translation"))
-    import script_conventions as conventions
+    from panm_hf.pipelines import script_conventions as conventions
 
     rows = [{"question": "what is 1 + 2 ?", "answer": "3"}, {"question": "what is 2 + 2 ?", "answer": "4"}]
     expected = (["what is 1 + 2 ?", "what is 2 + 2 ?"], ["3", "4"])

@@ -10,13 +10,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from length_split import TranslationPairs, hold_out, length_split
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "examples" / "translation" / "run_translation.py"
 DATA_DIR = ROOT.parent / "shared" / "data" / "multi30k"
-
-sys.path.insert(0, str(SCRIPT.parent))
-from length_split import TranslationPairs, hold_out, length_split  # noqa: E402
 
 
 def test_length_split_trains_on_short_and_tests_on_long():
@@ -222,11 +220,11 @@ def test_example_defaults_apply_to_flags_and_json_and_yield_to_what_is_given(tmp
 
 def test_controls_train_panm_without_its_pointers_or_reads():
     import torch
-    from controls import apply_control
     from run_translation import ModelArguments, build_model, validate_model_args
     from transformers import BartConfig
 
     from panm_hf import PanmMemoryConfig
+    from panm_hf.pipelines.controls import apply_control
 
     text_config = BartConfig(
         vocab_size=40, d_model=16, encoder_layers=1, decoder_layers=2, encoder_attention_heads=2,

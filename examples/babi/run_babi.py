@@ -13,8 +13,8 @@ as words) then the question; the target is the answer (list answers such as `s,e
 Besides overall accuracy the script reports the standard bAbI figures per task: accuracy, mean
 error and the number of failed tasks (error > 5%).
 
-The model flags are the translation example's (imported, as in examples/math): `--backbone`,
-`--num_layers`, `--d_model`, `--placement`, and every `PanmMemoryConfig` field.
+The model flags are the seq2seq examples' (`panm_hf.pipelines.seq2seq`, shared with translation and
+math): `--backbone`, `--num_layers`, `--d_model`, `--placement`, and every `PanmMemoryConfig` field.
 
     python examples/babi/run_babi.py --data_dir ../shared/data/babi --output_dir runs/babi \
         --model both --max_steps 2000 --report_to none
@@ -42,19 +42,8 @@ from transformers import (
 )
 
 from panm_hf import PanmMemoryConfig, splits
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "translation"))
-from run_translation import (  # noqa: E402
-    MODELS,
-    RECOMMENDED_PANM_FLAGS,
-    apply_smoke,
-    backbone_config,
-    build_model,
-    model_trainer,
-    validate_model_args,
-)
-from run_translation import ModelArguments as TranslationModelArguments  # noqa: E402
-from script_conventions import (  # noqa: E402
+from panm_hf.pipelines import seq2seq
+from panm_hf.pipelines.script_conventions import (
     TRAINING_DEFAULTS,
     ScriptArguments,
     apply_default_steps,
@@ -68,6 +57,15 @@ from script_conventions import (  # noqa: E402
     use_cpu_for_multi_process_launch,
     write_results,
 )
+from panm_hf.pipelines.seq2seq import (
+    MODELS,
+    RECOMMENDED_PANM_FLAGS,
+    apply_smoke,
+    backbone_config,
+    build_model,
+    model_trainer,
+    validate_model_args,
+)
 
 TASKS = tuple(range(1, 21))
 SUBSETS = ("en", "en-10k")
@@ -76,8 +74,8 @@ FAILED_ERROR = 5.0  # the bAbI convention: a task with more than 5% error is fai
 
 
 @dataclass
-class ModelArguments(TranslationModelArguments):
-    """The translation example's model flags with the paper's bAbI backbone as defaults (3 + 3 layers,
+class ModelArguments(seq2seq.ModelArguments):
+    """The seq2seq examples' model flags with the paper's bAbI backbone as defaults (3 + 3 layers,
     d_model 512, 8 heads)."""
 
     num_layers: int = field(default=3, metadata={"help": "Encoder and decoder layers (paper: 3 + 3)."})

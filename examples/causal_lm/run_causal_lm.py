@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import sys
 import time
 from pathlib import Path
 
@@ -31,9 +30,7 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
 from panm_hf import PanmForCausalLM
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the research/ package beside panm_hf
-from research.algorithmic import NUM_TOKENS, make_batch  # noqa: E402
+from research.algorithmic import NUM_TOKENS, make_batch
 
 SEP, BOS, PAD = NUM_TOKENS, NUM_TOKENS + 1, NUM_TOKENS + 2  # tokens 0..9 are the task's symbols
 VOCAB = NUM_TOKENS + 3

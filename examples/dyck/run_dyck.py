@@ -34,7 +34,6 @@ from __future__ import annotations
 import copy
 import json
 import platform
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -44,9 +43,7 @@ from torch import nn
 from transformers import HfArgumentParser
 
 from panm_hf import PanmMemory, PanmMemoryConfig
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the research/ package beside panm_hf
-from research.dyck import PAD, make_dyck_batch, sequence_accuracy  # noqa: E402
+from research.dyck import PAD, make_dyck_batch, sequence_accuracy
 
 MODELS = ("srnn", "panm")
 PANM_OUTPUTS = ("controller", "stack")

@@ -13,14 +13,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the research/ package beside panm_hf
-from research import task_spec  # noqa: E402
-from research.harness import TrainConfig, fixed_eval_batches, train_and_evaluate  # noqa: E402
+from research import task_spec
+from research.harness import TrainConfig, fixed_eval_batches, train_and_evaluate
 
 VARIANTS = {
     "dot": {"scoring": "dot", "controller_init": "mean"},

@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the research/ package beside panm_hf
-from research.harness import load_results, write_results  # noqa: E402
+from research.harness import load_results, write_results
 
 
 def main() -> None:
@@ -33,7 +31,7 @@ def main() -> None:
     walls = [meta.get("wall_seconds") for meta in metas]
     summary = write_results(results, args.output_dir, meta={"commands": commands, "wall_seconds": walls})
     if args.plot:
-        from run import plot_accuracy, plot_monitor_curves  # the demo's plots (this folder is on sys.path)
+        from run import plot_accuracy, plot_monitor_curves  # the demo's plots, beside this script
 
         plot_accuracy(summary, Path(args.output_dir) / "accuracy_vs_length.png")
         if all(entry.get("monitor_accuracy") for run in results for entry in run.history):

@@ -10,16 +10,10 @@ flags; docs/RESULTS.md ("Why Mix fails at L+1") compares the two readings step b
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
+import run  # run.py beside this script
 import torch
 
-HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE.parents[1]), str(HERE)]  # research/ and run.py
-import run  # noqa: E402
-
-import research.algorithmic as algorithmic  # noqa: E402
+import research.algorithmic as algorithmic
 
 
 def table_rule_targets(tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:

@@ -21,11 +21,10 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the research/ package beside panm_hf
-from research import task_spec  # noqa: E402
-from research.diagnostics import WALK_TARGETS, pointer_walk  # noqa: E402
-from research.harness import TrainConfig, train_and_evaluate  # noqa: E402
-from research.models import PANM_VARIANTS  # noqa: E402
+from research import task_spec
+from research.diagnostics import WALK_TARGETS, pointer_walk
+from research.harness import TrainConfig, train_and_evaluate
+from research.models import PANM_VARIANTS
 
 
 def parse_args(argv=None) -> argparse.Namespace:

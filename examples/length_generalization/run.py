@@ -28,12 +28,10 @@ from pathlib import Path
 import torch
 
 from panm_hf.memory_config import CONTROLLER_INITS, SCORINGS
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the research/ package beside panm_hf
-from research import TASKS, make_batch, task_spec  # noqa: E402
-from research.diagnostics import address_score_periodicity  # noqa: E402
-from research.harness import TrainConfig, markdown_table, train_and_evaluate, write_results  # noqa: E402
-from research.models import MODEL_NAMES, PANM_VARIANTS  # noqa: E402
+from research import TASKS, make_batch, task_spec
+from research.diagnostics import address_score_periodicity
+from research.harness import TrainConfig, markdown_table, train_and_evaluate, write_results
+from research.models import MODEL_NAMES, PANM_VARIANTS
 
 # The demo's models: the paper's PANM, PANM with the content-free `shift` Pointer Unit, the best baseline.
 DEMO_MODELS = ("panm", "panm_shift", "content")

@@ -15,12 +15,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 from statistics import mean
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the research/ package beside panm_hf
-from research import task_spec  # noqa: E402
+from research import task_spec
 
 
 def paper_rule(history: list[dict], length: int) -> dict:

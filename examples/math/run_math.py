@@ -31,19 +31,8 @@ from transformers import (
 )
 
 from panm_hf import PanmMemoryConfig
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "translation"))
-from run_translation import (  # noqa: E402
-    MEASURED_BEST_FLAGS,
-    MODELS,
-    apply_smoke,
-    backbone_config,
-    build_model,
-    model_trainer,
-    validate_model_args,
-)
-from run_translation import ModelArguments as TranslationModelArguments  # noqa: E402
-from script_conventions import (  # noqa: E402
+from panm_hf.pipelines import seq2seq
+from panm_hf.pipelines.script_conventions import (
     TRAINING_DEFAULTS,
     ScriptArguments,
     apply_default_steps,
@@ -57,6 +46,15 @@ from script_conventions import (  # noqa: E402
     use_cpu_for_multi_process_launch,
     write_results,
 )
+from panm_hf.pipelines.seq2seq import (
+    MEASURED_BEST_FLAGS,
+    MODELS,
+    apply_smoke,
+    backbone_config,
+    build_model,
+    model_trainer,
+    validate_model_args,
+)
 
 MODULES = ("add_or_sub", "place_value")
 SPLITS = ("interpolate", "extrapolate")
@@ -64,8 +62,8 @@ PAD, UNK, BOS, EOS = "<pad>", "<unk>", "<s>", "</s>"
 
 
 @dataclass
-class ModelArguments(TranslationModelArguments):
-    """The translation example's model flags with the Mathematics defaults (character level, 3 + 3 layers)."""
+class ModelArguments(seq2seq.ModelArguments):
+    """The seq2seq examples' model flags with the Mathematics defaults (character level, 3 + 3 layers)."""
 
     num_layers: int = field(default=3, metadata={"help": "Encoder and decoder layers (Csordas et al.: 3 + 3)."})
     d_model: int = field(default=128, metadata={"help": "Transformer hidden size."})

@@ -59,7 +59,6 @@ from transformers import (
     default_data_collator,
     set_seed,
 )
-from transformers.trainer_utils import get_last_checkpoint
 from utils_qa import (
     length_split,
     load_qa_file,
@@ -70,6 +69,11 @@ from utils_qa import (
 
 from panm_hf.memory_config import PanmMemoryConfig
 from panm_hf.modeling_panm_qa import BertWithPanmForQuestionAnswering
+from panm_hf.pipelines.script_conventions import (
+    checkpoint_to_resume,
+    gather_from_ranks,
+    use_cpu_for_multi_process_launch,
+)
 
 logger = logging.getLogger(__name__)
 MODEL_CHOICES = ("bert", "panm", "both")
@@ -182,13 +186,6 @@ class QASplits:
     test: datasets.Dataset | None = None
     test_examples: list[dict] | None = None
     summary: dict = field(default_factory=dict)
-
-
-def use_cpu_for_multi_process_launch() -> None:
-    """`accelerate launch --multi_gpu` on a machine without GPUs: Trainer needs use_cpu to build a gloo
-    process group over the CPU processes; without it every process silently trains alone."""
-    if not torch.cuda.is_available() and int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        os.environ["ACCELERATE_USE_CPU"] = "true"
 
 
 def check_run(model_args: ModelArguments, training_args: TrainingArguments) -> None:
@@ -305,18 +302,6 @@ def build_model(name: str, model_args: ModelArguments, panm_args: PanmMemoryConf
     return BertWithPanmForQuestionAnswering.from_backbone(qa_model, **dataclasses.asdict(panm_args))
 
 
-def checkpoint_to_resume(args: TrainingArguments, model_args: ModelArguments) -> str | None:
-    """--resume_from_checkpoint, else the last `checkpoint-*` in output_dir unless --overwrite_output_dir."""
-    if args.resume_from_checkpoint is not None:
-        return args.resume_from_checkpoint
-    if model_args.overwrite_output_dir or not os.path.isdir(args.output_dir):
-        return None
-    last_checkpoint = get_last_checkpoint(args.output_dir)
-    if last_checkpoint is not None:
-        logger.info("Resuming from %s (pass --overwrite_output_dir to train from the start).", last_checkpoint)
-    return last_checkpoint
-
-
 def parameter_checksum(model: torch.nn.Module) -> float:
     """The sum of all parameters: equal on every DDP rank iff the ranks stay in sync."""
     return sum(float(p.detach().double().sum()) for p in model.parameters())
@@ -324,12 +309,7 @@ def parameter_checksum(model: torch.nn.Module) -> float:
 
 def gather_checksums(model: torch.nn.Module) -> list[float]:
     """Every rank's `parameter_checksum`, in rank order (a collective: call it on all ranks)."""
-    checksum = parameter_checksum(model)
-    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-        return [checksum]
-    gathered: list = [None] * torch.distributed.get_world_size()
-    torch.distributed.all_gather_object(gathered, checksum)
-    return gathered
+    return gather_from_ranks(parameter_checksum(model))
 
 
 def write_json(trainer: QuestionAnsweringTrainer, name: str, content) -> None:
@@ -426,7 +406,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser = HfArgumentParser((ModelArguments, PanmMemoryConfig, DataArguments, TrainingArguments))
     model_args, panm_args, data_args, training_args = parser.parse_args_into_dataclasses(args=argv)
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
-    logger.setLevel(logging.INFO if training_args.should_log else logging.WARNING)  # replicas stay quiet
+    for quiet in (logger, logging.getLogger(checkpoint_to_resume.__module__)):  # replicas stay quiet
+        quiet.setLevel(logging.INFO if training_args.should_log else logging.WARNING)
     transformers.utils.logging.set_verbosity_warning()
     check_run(model_args, training_args)
 

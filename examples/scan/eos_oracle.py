@@ -25,12 +25,11 @@ from run_scan import ScanSplit, cutoff_split, greedy_actions, read_tasks
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 import panm_hf  # noqa: F401  (registers PANM with the Auto classes)
+from panm_hf.pipelines.controls import apply_control
 
 
 def load_run(run_dir: Path):
     """(summary, model, tokenizer) of a run folder; ValueError naming what is missing."""
-    from controls import apply_control  # examples/translation/controls.py, on sys.path once run_scan is imported
-
     path = run_dir / "results.json"
     if not path.is_file():
         raise ValueError(f"{path} does not exist; pass run folders written by run_scan.py.")

@@ -41,18 +41,8 @@ from transformers import (
 )
 
 from panm_hf import PanmMemoryConfig
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "translation"))
-from run_translation import (  # noqa: E402
-    MODELS,
-    apply_smoke,
-    backbone_config,
-    build_model,
-    model_trainer,
-    validate_model_args,
-)
-from run_translation import ModelArguments as TranslationModelArguments  # noqa: E402
-from script_conventions import (  # noqa: E402
+from panm_hf.pipelines import seq2seq
+from panm_hf.pipelines.script_conventions import (
     TRAINING_DEFAULTS,
     ScriptArguments,
     apply_default_steps,
@@ -66,6 +56,14 @@ from script_conventions import (  # noqa: E402
     use_cpu_for_multi_process_launch,
     write_results,
 )
+from panm_hf.pipelines.seq2seq import (
+    MODELS,
+    apply_smoke,
+    backbone_config,
+    build_model,
+    model_trainer,
+    validate_model_args,
+)
 
 PAD, UNK, BOS, EOS = "<pad>", "<unk>", "<s>", "</s>"
 CUTOFFS = (22, 24, 25, 26, 27, 28, 30, 32, 33, 36, 40)  # the paper's Table 3
@@ -76,8 +74,8 @@ SCAN_PANM_FLAGS = {"placement": "replace", "panm_drop_path": 0.0}
 
 
 @dataclass
-class ModelArguments(TranslationModelArguments):
-    """The translation example's model flags with the SCAN defaults (Csordas et al.'s trafo_scan sizes)."""
+class ModelArguments(seq2seq.ModelArguments):
+    """The seq2seq examples' model flags with the SCAN defaults (Csordas et al.'s trafo_scan sizes)."""
 
     backbone: str = field(
         default="bart", metadata={"help": "bart (learned positions), marian (sinusoidal) or t5 (relative)."}

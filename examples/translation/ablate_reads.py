@@ -31,12 +31,12 @@ import math
 import os
 
 import torch
-from controls import apply_control, zero_reads
 from length_split import length_split, load_local_pairs, sample
 from run_translation import DataArguments, tokenize
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, DataCollatorForSeq2Seq
 
 import panm_hf  # noqa: F401  (registers PanmForSeq2SeqLM with the Auto classes)
+from panm_hf.pipelines.controls import apply_control, zero_reads
 
 BUCKETS = ((0, 15), (15, 20), (20, 25), (25, 1000))  # source words, half-open
 POSITION_BUCKETS = ((0, 8), (8, 16), (16, 24), (24, 32), (32, 1000))  # target token positions, half-open
@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> dict:
         for name in summary["results"]:
             model_dir = os.path.join(run_dir, name)
             model = AutoModelForSeq2SeqLM.from_pretrained(model_dir).eval()
-            if hasattr(model, "panm"):  # a control model is scored as it was trained (controls.py)
+            if hasattr(model, "panm"):  # a control model is scored as it was trained (panm_hf.pipelines.controls)
                 apply_control(model, summary.get("model_args", {}).get("control"))
             tokenizer = AutoTokenizer.from_pretrained(model_dir)
             label = name if names.count(name) == 1 else f"{name}@{os.path.basename(os.path.normpath(run_dir))}"

@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from run_translation import plot_perplexity  # noqa: E402
+from run_translation import plot_perplexity  # this script's folder is first on the import path
 
 
 def collect(paths: list[str]) -> dict:

@@ -16,30 +16,29 @@ Reports test perplexity (per epoch and final) and sacreBLEU, writes them to
 
 from __future__ import annotations
 
-import copy
 import json
 import math
 import os
 import sys
 import time
-from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
 import sacrebleu
 import torch
-from controls import apply_control, validate_control
 from datasets import Dataset
 from length_split import TranslationPairs, hold_out, length_split, load_hub_pairs, load_local_pairs, sample
 from local_tokenizer import train_tokenizer
-from script_conventions import (
+from transformers import HfArgumentParser, Seq2SeqTrainingArguments, set_seed
+
+from panm_hf import PanmMemoryConfig
+from panm_hf.pipelines.script_conventions import (
     TRAINING_DEFAULTS,
     ScriptArguments,
     apply_default_steps,
     check_run,
     check_sets,
     load_file_pairs,
-    load_pretrained,
     load_tokenizer,
     log_and_save,
     model_source,
@@ -47,72 +46,20 @@ from script_conventions import (
     use_cpu_for_multi_process_launch,
     write_results,
 )
-from transformers import (
-    AutoModelForSeq2SeqLM,
-    BartConfig,
-    DataCollatorForSeq2Seq,
-    HfArgumentParser,
-    MarianConfig,
-    PreTrainedModel,
-    Seq2SeqTrainer,
-    Seq2SeqTrainingArguments,
-    T5Config,
-    set_seed,
+from panm_hf.pipelines.seq2seq import (
+    MEASURED_BEST_FLAGS,
+    MODELS,
+    ModelArguments,
+    apply_smoke,
+    backbone_config,
+    build_model,
+    gather_checksums,
+    model_trainer,
+    validate_model_args,
 )
 
-from panm_hf import PanmConfig, PanmForSeq2SeqLM, PanmMemoryConfig
-from panm_hf.configuration_panm import LAYER_REPLACING_PLACEMENTS
-
-MODELS = ("transformer", "panm")
-BACKBONES = ("marian", "bart", "t5")
-# PANM flags whose example default is the measured best for a Transformer trained from scratch
-# (docs/results/transformer_integration.md); PanmMemoryConfig's own defaults are the paper's.
-RECOMMENDED_PANM_FLAGS = {"content_read": "decoder", "pointer_update": "shift"}
-# This example's and the math example's defaults on top: the whole backbone kept (`stack`) and PANM's
-# output dropped for half of each batch's samples in training, the measured best on Multi30K (section
-# 12 of that page) and on place_value (docs/RESULTS.md); the bAbI example keeps `residual`.
-MEASURED_BEST_FLAGS = {**RECOMMENDED_PANM_FLAGS, "placement": "stack", "panm_drop_path": 0.5}
 # test perplexity every epoch is the figure's curve; a flag given wins
 EXAMPLE_DEFAULTS = {**MEASURED_BEST_FLAGS, **TRAINING_DEFAULTS, "eval_strategy": "epoch"}
-
-
-@dataclass
-class ModelArguments:
-    """Which models to train and how big they are; PANM's hyperparameters are `PanmMemoryConfig`'s flags."""
-
-    model: str = field(default="both", metadata={"help": "transformer, panm or both (same budget)."})
-    backbone: str = field(
-        default="marian",
-        metadata={"help": "marian (sinusoidal positions), bart (learned) or t5 (relative position buckets)."},
-    )
-    num_layers: int = field(default=2, metadata={"help": "Transformer encoder and decoder layers (paper: 1-3)."})
-    d_model: int = field(default=256, metadata={"help": "Transformer hidden size."})
-    ffn_dim: int = field(default=512, metadata={"help": "Transformer feed-forward size."})
-    attention_heads: int = field(default=4, metadata={"help": "Attention heads per layer."})
-    dropout: float = field(default=0.1)
-    placement: str = field(
-        default="residual",
-        metadata={
-            "help": "PANM placement: residual, replace (paper) or stack (see PanmConfig); the translation "
-            "and math examples default to stack (with --panm_drop_path 0.5), the bAbI example to residual."
-        },
-    )
-    vocab_size: int = field(default=8000, metadata={"help": "Joint BPE vocabulary size of the local tokenizer."})
-    panm_weight_decay: float | None = field(
-        default=None,
-        metadata={
-            "help": "AdamW weight decay on PANM's weights only (biases and norms excepted); the backbone keeps "
-            "--weight_decay. Default: --weight_decay for every weight, as Trainer does."
-        },
-    )
-    control: str | None = field(
-        default=None,
-        metadata={
-            "help": "A training-time control for the PANM model (controls.py): no_pointer_reads trains and tests it "
-            "with its Mode-1 and Mode-2 values zeroed (Controller, content read and drop-path kept); no_reads "
-            "zeroes the content read too."
-        },
-    )
 
 
 @dataclass
@@ -154,45 +101,6 @@ SMOKE_OVERRIDES = {
 }  # fmt: skip
 
 
-def apply_smoke(smoke_overrides: dict, *parsed_args) -> None:
-    """The smoke budget: settings that make one run take seconds on a CPU; flags given explicitly win.
-
-    `parsed_args` are the parsed dataclasses in the order of `smoke_overrides` (model, panm, data, training).
-    """
-    for args, overrides in zip(parsed_args, smoke_overrides.values()):
-        if isinstance(args, Seq2SeqTrainingArguments):
-            default = Seq2SeqTrainingArguments(output_dir="unused", report_to=[])
-        else:
-            default = type(args)()
-        for name, value in overrides.items():
-            if getattr(args, name) == getattr(default, name):
-                setattr(args, name, value)
-
-
-def validate_model_args(model_args: ModelArguments) -> None:
-    """Check the model flags (shared with examples/math); ValueError naming the flag."""
-    if model_args.model not in (*MODELS, "both"):
-        raise ValueError(f"--model must be one of {(*MODELS, 'both')} (got {model_args.model!r}).")
-    if model_args.backbone not in BACKBONES:
-        raise ValueError(f"--backbone must be one of {BACKBONES} (got {model_args.backbone!r}).")
-    if not 1 <= model_args.num_layers:
-        raise ValueError(f"--num_layers must be >= 1 (got {model_args.num_layers}).")
-    drops_a_layer = model_args.placement in LAYER_REPLACING_PLACEMENTS
-    if drops_a_layer and model_args.num_layers < 2 and model_args.model != "transformer":
-        raise ValueError(
-            f"--placement {model_args.placement} removes the last of --num_layers decoder layers, so it needs "
-            "--num_layers >= 2; use --placement stack for a 1-layer backbone."
-        )
-    if model_args.panm_weight_decay is not None and not model_args.panm_weight_decay >= 0.0:
-        raise ValueError(
-            f"--panm_weight_decay must be >= 0 (got {model_args.panm_weight_decay}); omit it to use "
-            "--weight_decay for PANM's weights too."
-        )
-    validate_control(model_args.control)
-    if model_args.control is not None and model_args.model == "transformer":
-        raise ValueError("--control applies to the PANM model; use --model panm or both.")
-
-
 def validate(model_args: ModelArguments, data_args: DataArguments) -> None:
     validate_model_args(model_args)
     sources = [data_args.data_dir is not None, data_args.dataset_name is not None, bool(data_args.given_files())]
@@ -201,56 +109,6 @@ def validate(model_args: ModelArguments, data_args: DataArguments) -> None:
             "Give one data source: --data_dir (local Multi30K files), --dataset_name (Hub), or "
             "--train_file/--validation_file/--test_file (json, jsonl or csv, used as given)."
         )
-
-
-def backbone_config(model_args: ModelArguments, tokenizer, max_positions: int):
-    """A Marian-, BART- or T5-style encoder-decoder config built from the flags."""
-    if model_args.backbone == "t5":
-        # T5: relative position buckets in every attention layer (the paper's "TRM + RPE" family), pre-LN.
-        return T5Config(
-            vocab_size=len(tokenizer), d_model=model_args.d_model,
-            d_kv=model_args.d_model // model_args.attention_heads,
-            d_ff=model_args.ffn_dim, num_layers=model_args.num_layers, num_decoder_layers=model_args.num_layers,
-            num_heads=model_args.attention_heads, dropout_rate=model_args.dropout, pad_token_id=tokenizer.pad_token_id,
-            eos_token_id=tokenizer.eos_token_id, decoder_start_token_id=tokenizer.pad_token_id,
-        )  # fmt: skip
-    common = dict(
-        vocab_size=len(tokenizer), d_model=model_args.d_model, encoder_layers=model_args.num_layers,
-        decoder_layers=model_args.num_layers, encoder_attention_heads=model_args.attention_heads,
-        decoder_attention_heads=model_args.attention_heads, encoder_ffn_dim=model_args.ffn_dim,
-        decoder_ffn_dim=model_args.ffn_dim, dropout=model_args.dropout, max_position_embeddings=max_positions,
-        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=tokenizer.bos_token_id, scale_embedding=True,
-    )  # fmt: skip
-    if model_args.backbone == "marian":
-        # Marian: the original Transformer (sinusoidal positions, post-LN); decoding starts from <pad>.
-        return MarianConfig(
-            decoder_vocab_size=len(tokenizer), decoder_start_token_id=tokenizer.pad_token_id,
-            share_encoder_decoder_embeddings=True, **common,
-        )  # fmt: skip
-    return BartConfig(decoder_start_token_id=tokenizer.eos_token_id, forced_eos_token_id=None, **common)
-
-
-def build_model(name: str, model_args: ModelArguments, panm_args: PanmMemoryConfig, config) -> PreTrainedModel:
-    """Model `name` from a backbone config (random weights) or, when `config` is a path, from that checkpoint."""
-    if isinstance(config, str):
-        model = load_pretrained(name, config, {"placement": model_args.placement, **asdict(panm_args)})
-        if name == "panm":
-            apply_control(model, model_args.control)
-        return model
-    # Each model gets its own copy: Trainer sets `model.config.use_cache = False` for training, and
-    # on a shared config that flag would reach the next model's generation config.
-    config = copy.deepcopy(config)
-    if name == "transformer":
-        model = AutoModelForSeq2SeqLM.from_config(config)
-        # Marian/BART take **kwargs, so Trainer would hand them num_items_in_batch and rescale their
-        # (already token-averaged) loss; PanmForSeq2SeqLM opts out, and so does the baseline.
-        model.accepts_loss_kwargs = False
-        return model
-    panm_config = PanmConfig(text_config=config.to_dict(), placement=model_args.placement, **asdict(panm_args))
-    model = PanmForSeq2SeqLM(panm_config)
-    apply_control(model, model_args.control)  # the hook stays with the model for training and testing
-    return model
 
 
 def tokenize(pairs: TranslationPairs, tokenizer, data_args: DataArguments) -> Dataset:
@@ -263,87 +121,6 @@ def tokenize(pairs: TranslationPairs, tokenizer, data_args: DataArguments) -> Da
     labels = tokenizer(text_target=pairs.targets, max_length=data_args.max_target_length, truncation=True)
     return Dataset.from_dict(
         {"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"], "labels": labels["input_ids"]}
-    )
-
-
-def parameter_checksum(model: torch.nn.Module) -> tuple[float, float]:
-    """(sum of all parameters, sum over PANM's parameters): equal on every DDP rank iff they stay in sync."""
-    total = sum(float(p.detach().double().sum()) for p in model.parameters())
-    panm = sum(float(p.detach().double().sum()) for n, p in model.named_parameters() if n.startswith("panm."))
-    return total, panm
-
-
-def gather_checksums(model: torch.nn.Module) -> list[list[float]]:
-    checksum = list(parameter_checksum(model))
-    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-        return [checksum]
-    gathered: list = [None] * torch.distributed.get_world_size()
-    torch.distributed.all_gather_object(gathered, checksum)
-    return gathered
-
-
-class PanmSeq2SeqTrainer(Seq2SeqTrainer):
-    """`Seq2SeqTrainer` whose optimizer decays PANM's weights at their own rate (`--panm_weight_decay`).
-
-    Trainer's grouping is kept (biases and norms never decay; the backbone's weights decay at
-    `args.weight_decay`); only the weights under `panm.` get `panm_weight_decay`. With `None` it is
-    Trainer's optimizer exactly.
-    """
-
-    def __init__(self, *args, panm_weight_decay: float | None = None, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.panm_weight_decay = panm_weight_decay
-
-    def create_optimizer(self, model=None):
-        opt_model = self.model if model is None else model
-        if self.optimizer is None and self.panm_weight_decay is not None:
-            decay_names = set(self.get_decay_parameter_names(opt_model))
-            groups = defaultdict(list)  # weight decay -> parameters
-            for name, parameter in opt_model.named_parameters():
-                if not parameter.requires_grad:
-                    continue
-                if name not in decay_names:
-                    groups[0.0].append(parameter)
-                elif name.startswith("panm."):
-                    groups[self.panm_weight_decay].append(parameter)
-                else:
-                    groups[self.args.weight_decay].append(parameter)
-            if self.optimizer_cls_and_kwargs is not None:
-                optimizer_cls, optimizer_kwargs = self.optimizer_cls_and_kwargs
-            else:
-                optimizer_cls, optimizer_kwargs = self.get_optimizer_cls_and_kwargs(self.args, opt_model)
-            if any(key in optimizer_kwargs for key in ("params", "model", "optimizer_dict")):
-                # GaLore, LOMO and layer-wise optimizers build their own parameter groups.
-                raise ValueError(
-                    f"--panm_weight_decay needs an optimizer that takes parameter groups; --optim "
-                    f"{self.args.optim} builds its own. Drop --panm_weight_decay or use --optim adamw_torch."
-                )
-            self.optimizer = optimizer_cls(
-                [{"params": params, "weight_decay": rate} for rate, params in groups.items()], **optimizer_kwargs
-            )
-        return super().create_optimizer(model)
-
-
-def model_trainer(
-    name, model, tokenizer, training_args, train_dataset, eval_dataset=None, *, generate: bool,
-    panm_weight_decay: float | None = None,
-):  # fmt: skip
-    """The examples' `Seq2SeqTrainer` for one model: output in `<output_dir>/<name>`, labels padded with -100.
-
-    `generate` sets `predict_with_generate` (translation evaluates loss per epoch; math and bAbI score
-    generated answers); `panm_weight_decay` is `--panm_weight_decay` (see `PanmSeq2SeqTrainer`).
-    """
-    output_dir = os.path.join(training_args.output_dir, name)
-    args = Seq2SeqTrainingArguments(**{**training_args.to_dict(), "output_dir": output_dir})
-    args.predict_with_generate = generate
-    return PanmSeq2SeqTrainer(
-        model=model,
-        args=args,
-        train_dataset=train_dataset,
-        eval_dataset=eval_dataset,
-        data_collator=DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100),
-        processing_class=tokenizer,
-        panm_weight_decay=panm_weight_decay,
     )
 
 

@@ -1,6 +1,6 @@
 """Training-time controls: a PANM model with its pointers switched off, trained and tested that way.
 
-The ablations of `ablate_reads.py` switch a part of PANM off at test time on a model trained with
+The ablations of `examples/translation/ablate_reads.py` switch a part of PANM off at test time on a model trained with
 it. A control switches it off from the first step, so the model learns without it: the difference
 between PANM and its control is what that part brings to training and to the test alike.
 

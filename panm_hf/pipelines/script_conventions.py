@@ -1,11 +1,12 @@
-"""What the seq2seq example scripts (translation, math, bAbI, SCAN) share as transformers' example scripts.
+"""What the Trainer example scripts (translation, math, bAbI, SCAN; QA in part) share as transformers' examples.
 
 In the style of transformers' ``run_translation.py`` / ``run_qa.py``: ``--model_name_or_path`` (a pretrained
 encoder-decoder checkpoint, wrapped with ``PanmForSeq2SeqLM.from_backbone`` for the PANM model, with its own
 tokenizer), ``--train_file`` / ``--validation_file`` / ``--test_file`` (json, jsonl or csv, used as given),
 ``--do_train`` / ``--do_eval`` / ``--do_predict``, resuming from the last checkpoint in each model's folder,
 ``trainer.log_metrics`` / ``save_metrics`` / ``save_state``, an offline model card, and the ``accelerate launch``
-CPU switch. The scripts import this module the way they import ``run_translation.py``.
+CPU switch. Installed with the package (``panm_hf.pipelines``), so the scripts import it without path edits;
+it needs the ``examples`` extra.
 """
 
 from __future__ import annotations
@@ -64,6 +65,15 @@ def use_cpu_for_multi_process_launch() -> None:
     process group over the CPU processes; without it every process silently trains alone."""
     if not torch.cuda.is_available() and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         os.environ["ACCELERATE_USE_CPU"] = "true"
+
+
+def gather_from_ranks(value) -> list:
+    """`value` from every rank, in rank order (a collective: call it on all ranks); `[value]` outside DDP."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return [value]
+    gathered: list = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(gathered, value)
+    return gathered
 
 
 def steps_given(argv: list[str]) -> bool:
@@ -202,7 +212,7 @@ def load_pretrained(name: str, path: str, panm_kwargs: dict) -> PreTrainedModel:
         )
     if name == "panm" and not is_panm:
         model = PanmForSeq2SeqLM.from_backbone(model, **panm_kwargs)
-    model.accepts_loss_kwargs = False  # see run_translation.build_model
+    model.accepts_loss_kwargs = False  # see seq2seq.build_model
     return model
 
 
