@@ -21,6 +21,8 @@ from torch import nn
 from transformers import AutoModelForSeq2SeqLM, GenerationMixin, PreTrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput
 
+from panm_hf.kernels import copy_for_remote_code
+
 from .adapter import from_panm as _from_panm
 from .adapter import save_panm as _save_panm
 from .backbones import check_seq2seq_backbone, get_path, seq2seq_parts, without_last_layer
@@ -186,6 +188,13 @@ class PanmPreTrainedModel(PreTrainedModel):
     @classmethod
     def _check_backbone(cls, backbone: PreTrainedModel) -> None:
         """ValueError naming `backbone` when this adapter cannot wrap its kind (checked before wrapping)."""
+
+    def save_pretrained(self, save_directory: str | os.PathLike, *args, **kwargs):
+        """`PreTrainedModel.save_pretrained`; the copied modeling code (remote code) also gets the kernels."""
+        result = super().save_pretrained(save_directory, *args, **kwargs)
+        if self.is_remote_code():
+            copy_for_remote_code(save_directory)
+        return result
 
     def save_panm(self, save_directory: str | os.PathLike, *, base_model_name_or_path: str | None = None) -> None:
         """Save PANM's own weights and config, not the backbone's (as a PEFT adapter), for `from_panm`.

@@ -1,8 +1,9 @@
 """The Pointer-Unit recurrence as Triton kernels: the C kernel's algorithm for GPUs.
 
 One program per (sample, unit) row runs all decoding steps, forward (`pointer_forward_triton`) and backward
-(`pointer_backward_triton`), with the same saved states and outputs as `panm_hf.recurrence_kernel`'s C
-kernel, so the same custom ops can dispatch to it on CUDA (`recurrence_kernel="auto"` or `"fused"`).
+(`pointer_backward_triton`), with the same saved states and outputs as the C kernel (`loader.py`), so the
+same custom ops can dispatch to it on CUDA (`recurrence_kernel="auto"` or `"fused"`), and
+`recurrence_kernel="triton"` runs it on any device (on CPU under `TRITON_INTERPRET=1`).
 Checked against the C kernel under Triton's interpreter (`TRITON_INTERPRET=1`, CPU tensors; the test
 suite) and against the eager loop on a GPU (`tests/test_cuda.py`, run by hand where one is lent). It
 is not imported unless Triton is installed.
@@ -191,7 +192,7 @@ def _blocks(size: int, slots: int, bits: int) -> dict:
 
 def pointer_forward_triton(pointers, hidden, keys, bank, mask, input_weight, input_bias, hidden_weight, hidden_bias,
                            inverse_temperature, num_steps):  # fmt: skip
-    """Same arguments and outputs as `panm_hf.recurrence_kernel.pointer_recurrence`."""
+    """Same arguments and outputs as `loader.pointer_recurrence`."""
     batch, units, slots, size = keys.shape
     bits = bank.shape[-1]
     if keys.stride(3) != 1 or keys.stride(2) != size:
@@ -215,7 +216,7 @@ def pointer_forward_triton(pointers, hidden, keys, bank, mask, input_weight, inp
 
 def pointer_backward_triton(grad_weights, grad_pointers, grad_hidden, keys, bank, mask, input_weight, hidden_weight,
                             inverse_temperature, hidden_states, pointer_states, gates, norms, probs):  # fmt: skip
-    """Same arguments and outputs as `panm_hf.recurrence_kernel.pointer_recurrence_backward`. The kernel writes
+    """Same arguments and outputs as `loader.pointer_recurrence_backward`. The kernel writes
     per-row pieces; the bank, bias and temperature gradients are their sums over rows (three reductions)."""
     batch, units, slots, size = keys.shape
     bits, steps = bank.shape[-1], probs.shape[2]
