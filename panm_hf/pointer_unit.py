@@ -250,6 +250,41 @@ class PointerUnits(nn.Module):
         )  # fmt: skip
         return weights, pointers, hidden  # (batch, steps, units, slots), (batch, units, bits), (batch, units, hidden)
 
+    @staticmethod
+    def _unit_major_weights(previous_weights: torch.Tensor | None, batch: int, units: int, slots: int) -> torch.Tensor:
+        """`w_{t-1}` `(batch, units, slots)` laid out `(units*batch, 1, slots)`; a ValueError when missing."""
+        if previous_weights is None or tuple(previous_weights.shape) != (batch, units, slots):
+            got = None if previous_weights is None else tuple(previous_weights.shape)
+            raise ValueError(
+                f'pointer_update="shift" needs previous_weights of shape {(batch, units, slots)} '
+                f"(PanmState.pointer_weights, set by PanmMemory.initial_state); got {got}."
+            )
+        return previous_weights.transpose(0, 1).reshape(units * batch, 1, slots)  # (units*batch, 1, slots)
+
+    @staticmethod
+    def _unit_major(
+        address_keys: torch.Tensor, address_bank: torch.Tensor, attention_mask: torch.Tensor, num_steps: int
+    ) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...], list[torch.Tensor]]:
+        """Keys, bank, and per-step masks and mask biases laid out unit-major once, so every step is a few
+        batched matmuls with no copies: `(units*batch, hidden, slots)`, `(units*batch, slots, bits)`, and per
+        step `(units*batch, 1, slots)` each."""
+        batch, units, slots, size = address_keys.shape
+        keys = address_keys.transpose(0, 1).reshape(units * batch, slots, size)  # (units*batch, slots, hidden)
+        keys = keys.transpose(1, 2)  # (units*batch, hidden, slots)
+        bank = address_bank.unsqueeze(0).expand(units, -1, -1, -1)  # (units, batch, slots, bits)
+        bank = bank.reshape(units * batch, slots, -1)  # (units*batch, slots, bits)
+        if attention_mask.dim() == 3:  # (batch, steps, slots) -> one (units*batch, 1, slots) mask per step
+            mask = attention_mask.unsqueeze(0).expand(units, -1, -1, -1)  # (units, batch, steps, slots)
+            mask = mask.reshape(units * batch, num_steps, 1, slots).unbind(1)  # steps x (units*batch, 1, slots)
+        else:
+            mask = attention_mask.unsqueeze(0).expand(units, -1, -1)  # (units, batch, slots)
+            mask = mask.reshape(units * batch, 1, slots)  # (units*batch, 1, slots)
+            mask = (mask,) * num_steps  # the same mask at every step
+        # -65504 (fp16's lowest) stays finite in fp16/bf16/fp32 and zeroes padded slots in the softmax.
+        bias_of = {id(m): torch.zeros(m.shape, dtype=keys.dtype, device=keys.device).masked_fill(~m, -65504.0)
+                   for m in mask}  # fmt: skip
+        return keys, bank, mask, [bias_of[id(m)] for m in mask]
+
     def forward(
         self,
         pointers: torch.Tensor,
@@ -289,30 +324,8 @@ class PointerUnits(nn.Module):
             return self._fused_forward(pointers, hidden, address_bank, address_keys, attention_mask, num_steps, kernel)
         batch, units, slots, size = address_keys.shape
         if self.arithmetic_head is not None:
-            if previous_weights is None or tuple(previous_weights.shape) != (batch, units, slots):
-                got = None if previous_weights is None else tuple(previous_weights.shape)
-                raise ValueError(
-                    f'pointer_update="shift" needs previous_weights of shape {(batch, units, slots)} '
-                    f"(PanmState.pointer_weights, set by PanmMemory.initial_state); got {got}."
-                )
-            previous_weights = previous_weights.transpose(0, 1).reshape(units * batch, 1, slots)  # (u*b, 1, slots)
-        # Lay everything out unit-major once, so every step is a few batched matmuls with no copies.
-        keys = address_keys.transpose(0, 1).reshape(units * batch, slots, size)  # (units*batch, slots, hidden)
-        keys = keys.transpose(1, 2)  # (units*batch, hidden, slots)
-        bank = address_bank.unsqueeze(0).expand(units, -1, -1, -1)  # (units, batch, slots, bits)
-        bank = bank.reshape(units * batch, slots, -1)  # (units*batch, slots, bits)
-        per_step_mask = attention_mask.dim() == 3
-        if per_step_mask:  # (batch, steps, slots) -> one (units*batch, 1, slots) mask per step
-            mask = attention_mask.unsqueeze(0).expand(units, -1, -1, -1)  # (units, batch, steps, slots)
-            mask = mask.reshape(units * batch, num_steps, 1, slots).unbind(1)  # steps x (units*batch, 1, slots)
-        else:
-            mask = attention_mask.unsqueeze(0).expand(units, -1, -1)  # (units, batch, slots)
-            mask = mask.reshape(units * batch, 1, slots)  # (units*batch, 1, slots)
-            mask = (mask,) * num_steps  # the same mask at every step
-        # -65504 (fp16's lowest) stays finite in fp16/bf16/fp32 and zeroes padded slots in the softmax.
-        bias_of = {id(m): torch.zeros(m.shape, dtype=keys.dtype, device=keys.device).masked_fill(~m, -65504.0)
-                   for m in mask}  # fmt: skip
-        masks, mask_biases = mask, [bias_of[id(m)] for m in mask]
+            previous_weights = self._unit_major_weights(previous_weights, batch, units, slots)  # (u*b, 1, slots)
+        keys, bank, masks, mask_biases = self._unit_major(address_keys, address_bank, attention_mask, num_steps)
         pointers = pointers.transpose(0, 1).reshape(units, batch, -1)  # (units, batch, bits)
         hidden = hidden.transpose(0, 1).reshape(units, batch, size)  # (units, batch, hidden)
         gamma = self.arithmetic_head.gamma(batch) if self.arithmetic_head is not None else None
