@@ -378,7 +378,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     parser.add_argument("--output", default="docs/results/overhead.json")
     parser.add_argument("--smoke", action="store_true", help="tiny models, 1 repeat, 4 new tokens (seconds)")
-    parser.add_argument("--recurrence-kernel", choices=("auto", "eager", "fused"), default=None,
+    parser.add_argument("--recurrence-kernel", choices=("auto", "eager", "fused", "triton"),
+                        default=None,
                         help="PanmMemoryConfig.recurrence_kernel for every PANM model (default: the config's, auto); "
                              "fused on CUDA runs the Triton kernel (the cost section always reports eager beside)")
     parser.add_argument("--memory-probe", nargs=3, metavar=("CASE", "VARIANT", "SIZE"), help=argparse.SUPPRESS)

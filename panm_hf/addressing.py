@@ -117,3 +117,21 @@ def sample_distractor_addresses(
     multiple = torch.randint(1, 2 ** (bits - low_bits), (batch, count), generator=generator, device=gen_device)
     offsets = slot + multiple.to(base_address.device) * 2**low_bits  # (batch, count)
     return (base_address.unsqueeze(-1) + offsets) % (2**bits)
+
+
+def check_capacity(
+    slots: int, address_bits: int, holds: str, fix: str = "raise address_bits to at least {bits}"
+) -> None:
+    """The address-capacity check: a ValueError when `slots` need more than the `2^b` addresses.
+
+    Args:
+        slots: how many slots must take distinct addresses.
+        address_bits: `b`.
+        holds: the message's start, saying what holds the slots (the message goes on with " but address_bits=...").
+        fix: the message's end; `{bits}` is the fewest address bits that fit.
+    """
+    if slots > 2**address_bits:
+        bits = max(1, (slots - 1).bit_length())
+        raise ValueError(
+            f"{holds} but address_bits={address_bits} gives only {2**address_bits} addresses; {fix.format(bits=bits)}."
+        )

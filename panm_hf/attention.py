@@ -16,8 +16,9 @@ import math
 import torch
 from torch import nn
 
+from panm_hf.kernels.dispatch import Call, decide
+
 from .memory_config import PanmMemoryConfig
-from .recurrence_kernel import unavailable_reason
 
 
 def masked_softmax(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -60,15 +61,12 @@ class AttentionScorer(nn.Module):
             with torch.no_grad():
                 self.inverse_temperature.fill_(self.cosine_inverse_temperature_init)
 
-    def fused(self, x: torch.Tensor) -> bool:
-        """Whether the C kernels (`normalize_rows`, `mode2_attention`) run on `x`: CPU float32/float64 unless
-        `recurrence_kernel="eager"` (on CUDA `normalize` is already a few fused kernels)."""
-        return (
-            self.recurrence_kernel != "eager"
-            and x.device.type == "cpu"
-            and (self.scoring != "cosine" or x.dtype == self.inverse_temperature.dtype)
-            and unavailable_reason(x.dtype, x.device) is None
-        )
+    def fused(self, x: torch.Tensor, op: str = "cosine_normalize", *, per_step: bool = False) -> bool:
+        """Whether the C kernel of `op` (`"cosine_normalize"` or `"mode2_read"`) runs on `x`, as
+        `panm_hf.kernels.dispatch` decides (CPU float32/float64 unless `recurrence_kernel="eager"`)."""
+        uniform = self.scoring != "cosine" or x.dtype == self.inverse_temperature.dtype
+        call = Call(self.recurrence_kernel, x.device, x.dtype, uniform=uniform, per_step=per_step)
+        return decide(op, call).kernel == "c"
 
     def prepare_keys(self, keys: torch.Tensor) -> torch.Tensor:
         """Normalise keys once so repeated scoring against them is one matmul."""

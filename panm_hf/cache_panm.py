@@ -52,6 +52,20 @@ class _PanmStateCache:
         self.panm_memory: AddressedMemory | None = None
         self.panm_steps = 0
 
+    def panm_resume(self, past_length: int, fix: str) -> tuple[PanmState | None, AddressedMemory | None]:
+        """The handshake of a cached call after `past_length` tokens: PANM's state and memory, or a ValueError
+        ending in `fix` when they were decoded for another number of tokens (a cache from elsewhere)."""
+        if self.panm_steps != past_length:
+            raise ValueError(
+                f"past_key_values holds {past_length} cached tokens but PANM state for {self.panm_steps}; {fix}"
+            )
+        return self.panm_state, self.panm_memory
+
+    def panm_store(self, state: PanmState, memory: AddressedMemory, past_length: int, new_length: int) -> None:
+        """Keep PANM's state after a cached call that decoded `new_length` tokens after `past_length`."""
+        self.panm_state, self.panm_memory = state, memory
+        self.panm_steps = past_length + new_length
+
     def _select(self, indices: torch.Tensor) -> None:
         if self.panm_state is not None:
             self.panm_state = self.panm_state.index_select(indices)

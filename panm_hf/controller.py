@@ -22,9 +22,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from panm_hf.kernels.dispatch import Call, decide, require
+
 from .memory_config import PanmMemoryConfig
 from .reads import ControllerContentReader
-from .recurrence_kernel import unavailable_reason
 
 
 class Controller(nn.Module):
@@ -66,9 +67,8 @@ class Controller(nn.Module):
 
     def initial_hidden(self, memory_states: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """`h^c_0` from the real slots only: `(batch, slots, dim)` -> `(batch, hidden)`."""
-        if self.recurrence_kernel != "eager" and memory_states.device.type == "cpu" and (
-            unavailable_reason(memory_states.dtype, memory_states.device) is None
-        ):  # the masked sum/mean in one C kernel, forward and backward
+        call = Call(self.recurrence_kernel, memory_states.device, memory_states.dtype)
+        if decide("controller_pool", call).kernel == "c":  # the masked sum/mean in one C kernel, forward and backward
             pooled = torch.ops.panm_hf.masked_pool(memory_states, attention_mask, self.init == "mean")
             return self.initial_state(pooled)
         mask = attention_mask.unsqueeze(-1).to(memory_states.dtype)  # (batch, slots, 1)
@@ -77,17 +77,17 @@ class Controller(nn.Module):
             pooled = pooled / mask.sum(dim=1).clamp(min=1.0)
         return self.initial_state(pooled)
 
+    def _kernel_call(self, inputs: torch.Tensor, hidden: torch.Tensor) -> Call:
+        """The GRU call as `panm_hf.kernels.dispatch` sees it."""
+        tensors = [inputs, hidden, *self.gru.parameters()]
+        uniform = len({t.dtype for t in tensors}) == 1 and len({t.device for t in tensors}) == 1
+        return Call(self.recurrence_kernel, hidden.device, hidden.dtype, uniform=uniform,
+                    controller_read=self.content_reader is not None)  # fmt: skip
+
     def fused_unavailable_reason(self, inputs: torch.Tensor, hidden: torch.Tensor) -> str | None:
         """Why the GRU cannot run as one fused kernel on these inputs; None when it can (on CUDA, cuDNN's
         `nn.GRU` is that kernel)."""
-        if self.content_reader is not None:
-            return 'content_read="controller" reads with the Controller state, so its steps run one at a time'
-        if inputs.device.type == "cuda":
-            return None
-        tensors = [inputs, hidden, *self.gru.parameters()]
-        if len({t.dtype for t in tensors}) > 1 or len({t.device for t in tensors}) > 1:
-            return "the inputs, state and GRU parameters differ in dtype or device"
-        return unavailable_reason(hidden.dtype, hidden.device)
+        return decide("controller_gru", self._kernel_call(inputs, hidden)).reason
 
     @staticmethod
     def _input_rows(
@@ -124,13 +124,8 @@ class Controller(nn.Module):
             `(outputs (batch, steps, output_size), last hidden (batch, hidden))`.
         """
         batch, steps, rows, inputs = self._input_rows(reads, decoder_states, hidden)
-        reason = self.fused_unavailable_reason(inputs, hidden) if self.recurrence_kernel != "eager" else None
-        if self.recurrence_kernel == "fused" and reason is not None:
-            raise ValueError(
-                f'recurrence_kernel="fused" cannot run the Controller GRU here: {reason}. Use '
-                'recurrence_kernel="auto" (fused where it applies) or "eager".'
-            )
-        if self.recurrence_kernel != "eager" and reason is None and not inputs.is_cuda:  # all steps in one kernel
+        kernel = require("controller_gru", self._kernel_call(inputs, hidden), "the Controller GRU here").kernel
+        if kernel == "c":  # all steps in one kernel
             gru = self.gru
             input_gates = nn.functional.linear(inputs, gru.weight_ih_l0, gru.bias_ih_l0)  # (batch*steps, 3*hidden)
             input_gates = input_gates.reshape(batch, steps, -1)  # (batch, steps, 3*hidden)

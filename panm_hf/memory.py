@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import nn
 
-from .addressing import address_codes, sample_base_address, sample_distractor_addresses
+from .addressing import address_codes, check_capacity, sample_base_address, sample_distractor_addresses
 from .controller import Controller
 from .memory_config import PanmMemoryConfig
 from .pointer_unit import PointerUnits
@@ -156,7 +156,9 @@ class PanmMemory(nn.Module):
                 )
             mask = attention_mask.to(device=device).bool()
         if num_slots > self.max_slots and batch_size:  # only real slots take addresses, not padding columns
-            self._check_fits(int(mask.sum(dim=-1).max()))
+            real_slots = int(mask.sum(dim=-1).max())
+            check_capacity(real_slots, self.address_bits, f"The input has {real_slots} real (unpadded) memory slots "
+                           "in its longest sample")  # fmt: skip
         if base_address is None:
             if self.training:
                 base_address = sample_base_address(batch_size, self.address_bits, generator=generator, device=device)
@@ -194,15 +196,6 @@ class PanmMemory(nn.Module):
             lengths=lengths,
             address_mask=address_mask,
         )
-
-    def _check_fits(self, real_slots: int) -> None:
-        """ValueError asking for more address bits when a sample has more real slots than addresses."""
-        if real_slots > self.max_slots:
-            raise ValueError(
-                f"The input has {real_slots} real (unpadded) memory slots in its longest sample but "
-                f"address_bits={self.address_bits} gives only {self.max_slots} addresses; raise address_bits to "
-                f"at least {max(1, (real_slots - 1).bit_length())}."
-            )
 
     def initial_state(self, memory: AddressedMemory, *, causal: bool = False) -> PanmState:
         """State before the first decoding step: `h^a_0 = 0`, `p^a_0` at base/end(/middle), `h^c_0` from `M`.
@@ -265,23 +258,7 @@ class PanmMemory(nn.Module):
         if not isinstance(memory, AddressedMemory):
             memory = self.bind(memory, attention_mask, base_address=base_address)
         batch_size = memory.memory_states.shape[0]
-        if decoder_states is not None:
-            if self.decoder_input_size == 0:
-                raise ValueError(
-                    "This PanmMemory has decoder_input_size=0; call it with num_steps, not decoder_states."
-                )
-            if decoder_states.dim() != 3 or decoder_states.shape[0] != batch_size or (
-                decoder_states.shape[-1] != self.decoder_input_size
-            ):
-                raise ValueError(
-                    f"decoder_states must have shape ({batch_size}, steps, {self.decoder_input_size}); "
-                    f"got {tuple(decoder_states.shape)}."
-                )
-            num_steps = decoder_states.shape[1]
-        elif self.decoder_input_size > 0:
-            raise ValueError(f"decoder_states of size {self.decoder_input_size} are required by this PanmMemory.")
-        if num_steps is None or num_steps < 1:
-            raise ValueError(f"num_steps must be a positive integer (got {num_steps!r}).")
+        num_steps = self._num_steps(batch_size, decoder_states, num_steps)
         if state is None:
             state = self.initial_state(memory, causal=causal_positions is not None)
 
@@ -303,37 +280,12 @@ class PanmMemory(nn.Module):
         # Distractor addresses (training only) follow the slots in the bank and bind no memory.
         if address_weights.shape[-1] > memory.memory_states.shape[1]:
             address_weights = address_weights[..., : memory.memory_states.shape[1]]  # (batch, steps, units, slots)
-        mode1_values = mode1_read(address_weights.to(memory.memory_states.dtype), memory.memory_states)
-        reads = [mode1_values]  # each (batch*steps, heads*dim): one row per (sample, step)
-        mode2_weights = None
-        if self.mode2_reader is not None:
-            mode2_values, mode2_weights = self.mode2_reader(
-                mode1_values, memory.memory_states, slot_mask
-            )  # (batch*steps, heads*dim), (batch, steps*heads, slots)
-            reads.append(mode2_values)
-        content_weights = None
-        if self.content_reader is not None:
-            content_values, content_weights = self.content_reader(decoder_states, memory.memory_states, slot_mask)
-            content_weights = content_weights.squeeze(2)  # (batch, steps, slots)
-            reads.append(content_values.reshape(mode1_values.shape[0], -1))  # (batch*steps, dim)
-        reads = torch.cat(reads, dim=-1)  # (batch*steps, num_reads*dim)
-        if self.controller.content_reader is not None:  # content_read="controller": steps one at a time
-            hidden_states, controller_hidden, content_weights = self.controller.attentive_forward(
-                self.dropout(reads),
-                decoder_states,
-                state.controller_hidden,
-                memory.memory_states,
-                slot_mask,
-                step_mask=step_mask,
-            )
-        else:
-            hidden_states, controller_hidden = self.controller(
-                self.dropout(reads), decoder_states, state.controller_hidden, step_mask=step_mask
-            )
-        hidden_states = self.dropout(hidden_states)
-        if self.training and self.drop_path > 0:  # stochastic depth: a sample keeps all of PANM's output or none
-            keep = torch.rand(batch_size, 1, 1, device=hidden_states.device) >= self.drop_path  # (batch, 1, 1)
-            hidden_states = hidden_states * keep.to(hidden_states.dtype) / (1.0 - self.drop_path)
+        reads, mode2_weights, content_weights = self._reads(address_weights, memory, decoder_states, slot_mask)
+        hidden_states, controller_hidden, controller_weights = self._control(
+            reads, decoder_states, state.controller_hidden, memory, slot_mask, step_mask
+        )
+        if self.controller.content_reader is not None:  # content_read="controller": its weights are the content's
+            content_weights = controller_weights
         return PanmMemoryOutput(
             hidden_states=hidden_states,
             state=PanmState(
@@ -351,6 +303,80 @@ class PanmMemory(nn.Module):
             ),
             content_attentions=content_weights if output_attentions else None,
         )
+
+    def _num_steps(self, batch_size: int, decoder_states: torch.Tensor | None, num_steps: int | None) -> int:
+        """The number of steps, from `decoder_states` or `num_steps`; a ValueError when they do not fit."""
+        if decoder_states is not None:
+            if self.decoder_input_size == 0:
+                raise ValueError(
+                    "This PanmMemory has decoder_input_size=0; call it with num_steps, not decoder_states."
+                )
+            if decoder_states.dim() != 3 or decoder_states.shape[0] != batch_size or (
+                decoder_states.shape[-1] != self.decoder_input_size
+            ):
+                raise ValueError(
+                    f"decoder_states must have shape ({batch_size}, steps, {self.decoder_input_size}); "
+                    f"got {tuple(decoder_states.shape)}."
+                )
+            num_steps = decoder_states.shape[1]
+        elif self.decoder_input_size > 0:
+            raise ValueError(f"decoder_states of size {self.decoder_input_size} are required by this PanmMemory.")
+        if num_steps is None or num_steps < 1:
+            raise ValueError(f"num_steps must be a positive integer (got {num_steps!r}).")
+        return num_steps
+
+    def _reads(
+        self,
+        address_weights: torch.Tensor,
+        memory: AddressedMemory,
+        decoder_states: torch.Tensor | None,
+        slot_mask: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """Every read the Controller takes (Mode 1, Mode 2, the decoder content read) as rows
+        `(batch*steps, num_reads*dim)`, with the Mode-2 `(batch, steps*heads, slots)` and content
+        `(batch, steps, slots)` weights (None where off)."""
+        mode1_values = mode1_read(address_weights.to(memory.memory_states.dtype), memory.memory_states)
+        reads = [mode1_values]  # each (batch*steps, heads*dim): one row per (sample, step)
+        mode2_weights = None
+        if self.mode2_reader is not None:
+            mode2_values, mode2_weights = self.mode2_reader(
+                mode1_values, memory.memory_states, slot_mask
+            )  # (batch*steps, heads*dim), (batch, steps*heads, slots)
+            reads.append(mode2_values)
+        content_weights = None
+        if self.content_reader is not None:
+            content_values, content_weights = self.content_reader(decoder_states, memory.memory_states, slot_mask)
+            content_weights = content_weights.squeeze(2)  # (batch, steps, slots)
+            reads.append(content_values.reshape(mode1_values.shape[0], -1))  # (batch*steps, dim)
+        return torch.cat(reads, dim=-1), mode2_weights, content_weights  # (batch*steps, num_reads*dim), ...
+
+    def _control(
+        self,
+        reads: torch.Tensor,
+        decoder_states: torch.Tensor | None,
+        controller_hidden: torch.Tensor,
+        memory: AddressedMemory,
+        slot_mask: torch.Tensor,
+        step_mask: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """The Controller over the reads, with dropout and drop-path: `(outputs (batch, steps, out), last hidden,
+        the Controller's content weights (batch, steps, slots) for content_read="controller", else None)`."""
+        weights = None
+        if self.controller.content_reader is not None:  # content_read="controller": steps one at a time
+            hidden_states, controller_hidden, weights = self.controller.attentive_forward(
+                self.dropout(reads), decoder_states, controller_hidden, memory.memory_states, slot_mask,
+                step_mask=step_mask,
+            )  # fmt: skip
+        else:
+            hidden_states, controller_hidden = self.controller(
+                self.dropout(reads), decoder_states, controller_hidden, step_mask=step_mask
+            )
+        hidden_states = self.dropout(hidden_states)
+        if self.training and self.drop_path > 0:  # stochastic depth: a sample keeps all of PANM's output or none
+            batch_size = hidden_states.shape[0]
+            keep = torch.rand(batch_size, 1, 1, device=hidden_states.device) >= self.drop_path  # (batch, 1, 1)
+            hidden_states = hidden_states * keep.to(hidden_states.dtype) / (1.0 - self.drop_path)
+        return hidden_states, controller_hidden, weights
 
     def _causal_masks(
         self, memory: AddressedMemory, causal_positions: torch.Tensor, num_steps: int
@@ -402,11 +428,7 @@ class PanmMemory(nn.Module):
             )
         batch_size, num_new, dim = new_states.shape
         needed = int(memory.lengths.max()) + num_new if batch_size else 0
-        if needed > self.max_slots:
-            raise ValueError(
-                f"The causal memory would hold {needed} slots but address_bits={self.address_bits} gives only "
-                f"{self.max_slots} addresses; raise address_bits to at least {max(1, (needed - 1).bit_length())}."
-            )
+        check_capacity(needed, self.address_bits, f"The causal memory would hold {needed} slots")
         positions = memory.lengths.unsqueeze(-1) + torch.arange(num_new, device=new_states.device)  # (batch, new)
         num_slots = max(memory.memory_states.shape[1], int(positions.max()) + 1 if batch_size else 0)
         grow = num_slots - memory.memory_states.shape[1]

@@ -12,6 +12,7 @@ Pointer-Augmented Neural Memory", Sec. 2 and appendix; defaults are the paper's.
 
 from __future__ import annotations
 
+import importlib.util
 import math
 from dataclasses import dataclass, field
 
@@ -20,7 +21,12 @@ CONTROLLER_INITS = ("mean", "sum")
 POINTER_UPDATES = ("attention", "shift")
 CONTENT_READS = ("none", "decoder", "controller")
 ADDRESS_KEYS = ("mlp", "linear")
-RECURRENCE_KERNELS = ("auto", "eager", "fused")
+RECURRENCE_KERNELS = ("auto", "eager", "fused", "triton")
+# Why a setting has no fused kernel; `panm_hf.kernels.dispatch` gives the same reasons at run time.
+SHIFT_HAS_NO_KERNEL = 'pointer_update="shift" has no fused kernel (the kernels cover "attention" only)'
+CONTROLLER_READ_STEPS = (
+    'content_read="controller" reads with the Controller state, so the Controller steps one at a time'
+)
 INTEGER_FIELDS = (
     "address_bits", "num_pointer_units", "num_mode2_heads", "pointer_hidden_size", "controller_hidden_size",
     "mlp_hidden_size", "shift_range", "address_distractors",
@@ -92,15 +98,18 @@ class PanmMemoryConfig:
             how PANM's two recurrences, the Pointer-Unit loop and the Controller GRU, run (speed only; the
             results agree to rounding). `"eager"`: one step at a time in PyTorch ops and `nn.GRU` (the
             reference). `"fused"`: each recurrence's steps in one compiled kernel and its backward in
-            another (`panm_hf.recurrence_kernel`); only for `pointer_update="attention"` with a (batch,
+            another (`panm_hf.kernels`); only for `pointer_update="attention"` with a (batch,
             slots) mask, in float32/float64, on CPU (a C kernel; needs a C compiler) or on CUDA (the
             Pointer Units' Triton port; the Controller keeps cuDNN's GRU);
             anything else raises a ValueError saying why. `"auto"`: fused where it applies (CPU with a C
             compiler; CUDA with Triton), eager elsewhere (causal decoding's per-step masks, `"shift"`, half
-            precision, no compiler or no Triton).
+            precision, no compiler or no Triton). `"triton"`: the code path CUDA takes, on any device: the
+            Pointer-Unit loop in the Triton port (on CPU only under Triton's interpreter, `TRITON_INTERPRET=1`
+            set before triton is imported), the Controller in `nn.GRU`, the rest in plain torch ops; raises
+            where `"fused"` would, and when Triton is missing.
             Outside the loops, `"auto"` and `"fused"` also run cosine normalisation, the Mode-2 read and
             `h^c_0`'s pooling as C kernels on CPU (float32/float64; plain torch elsewhere); `"eager"` keeps
-            them all in plain torch ops.
+            them all in plain torch ops. `panm_hf.kernels.dispatch` decides each op's path and says why.
     """
 
     address_bits: int = field(default=10, metadata={"help": "PANM b: inputs may have at most 2^b tokens."})
@@ -153,7 +162,8 @@ class PanmMemoryConfig:
     recurrence_kernel: str = field(
         default="auto",
         metadata={
-            "help": "PANM Pointer-Unit loop and Controller GRU: eager (ops per step), fused (one kernel), or auto.",
+            "help": "PANM Pointer-Unit loop and Controller GRU: eager (ops per step), fused (one kernel), auto, or "
+            "triton (the CUDA path on any device).",
             "choices": RECURRENCE_KERNELS,
         },
     )
@@ -162,95 +172,85 @@ class PanmMemoryConfig:
         self.validate()
 
     def validate(self) -> None:
-        """Raise ValueError naming the field and the fix when a hyperparameter is out of range."""
+        """Raise ValueError naming the field and the fix when a hyperparameter is out of range (the tables above)."""
         for name in INTEGER_FIELDS:  # a bool is an int to Python: True would silently count as 1
             value = getattr(self, name)
             if isinstance(value, bool):
                 raise ValueError(f"{name} must be an integer, not the bool {value!r}; pass a number such as 1.")
         temperature = self.cosine_inverse_temperature
-        if (
-            isinstance(temperature, bool)
-            or not isinstance(temperature, (int, float))
-            or not math.isfinite(temperature)
-            or temperature <= 0
-        ):
+        if not _is_number(temperature) or not math.isfinite(temperature) or temperature <= 0:
             raise ValueError(
                 f"cosine_inverse_temperature must be a finite number > 0 (got {temperature!r}); "
                 "it scales cosine scores, the default is 15.0."
             )
-        if not isinstance(self.address_bits, int) or self.address_bits < 1:
-            raise ValueError(f"address_bits must be an integer >= 1 (got {self.address_bits!r}).")
-        if self.address_bits > 62:
-            raise ValueError(f"address_bits={self.address_bits} overflows 64-bit addresses; use at most 62.")
-        if not isinstance(self.num_pointer_units, int) or self.num_pointer_units < 1:
-            raise ValueError(
-                f"num_pointer_units (H^a) must be an integer >= 1 (got {self.num_pointer_units!r}); "
-                "the paper uses 2 (base and end pointers)."
-            )
-        if not isinstance(self.num_mode2_heads, int) or self.num_mode2_heads < 0:
-            raise ValueError(f"num_mode2_heads (H^c) must be an integer >= 0 (got {self.num_mode2_heads!r}).")
-        for name in ("pointer_hidden_size", "controller_hidden_size", "mlp_hidden_size"):
+        for name, minimum, label, fix in INTEGER_RANGES:
             value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer (got {value!r}).")
-        if self.scoring not in SCORINGS:
-            raise ValueError(f"scoring={self.scoring!r} is not supported; choose one of {SCORINGS}.")
-        if self.address_key not in ADDRESS_KEYS:
-            raise ValueError(
-                f"address_key={self.address_key!r} is not supported; choose one of {ADDRESS_KEYS} "
-                '("mlp" is the paper\'s g^a, "linear" the authors\' code).'
-            )
-        if self.controller_init not in CONTROLLER_INITS:
-            raise ValueError(
-                f"controller_init={self.controller_init!r} is not supported; choose one of {CONTROLLER_INITS}."
-            )
-        if self.pointer_update not in POINTER_UPDATES:
-            raise ValueError(
-                f"pointer_update={self.pointer_update!r} is not supported; choose one of {POINTER_UPDATES} "
-                '("attention" is the paper\'s Pointer Unit).'
-            )
-        if not isinstance(self.shift_range, int) or self.shift_range < 1:
-            raise ValueError(
-                f"shift_range must be an integer >= 1 (got {self.shift_range!r}); 1 allows steps -1, 0, +1."
-            )
-        if not isinstance(self.address_distractors, int) or self.address_distractors < 0:
-            raise ValueError(
-                f"address_distractors must be an integer >= 0 (got {self.address_distractors!r}); 0 disables."
-            )
-        if self.content_read not in CONTENT_READS:
-            raise ValueError(
-                f"content_read={self.content_read!r} is not supported; choose one of {CONTENT_READS} "
-                '("none" is the paper\'s equations).'
-            )
-        dropout = self.panm_dropout
-        if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0.0 <= dropout < 1.0:
-            raise ValueError(f"panm_dropout must be a probability in [0, 1) (got {dropout!r}); 0 disables it.")
-        drop_path = self.panm_drop_path
-        if isinstance(drop_path, bool) or not isinstance(drop_path, (int, float)) or not 0.0 <= drop_path < 1.0:
-            raise ValueError(
-                f"panm_drop_path must be a probability in [0, 1) (got {drop_path!r}); 0 disables it."
-            )
-        if self.recurrence_kernel not in RECURRENCE_KERNELS:
-            raise ValueError(
-                f"recurrence_kernel={self.recurrence_kernel!r} is not supported; choose one of {RECURRENCE_KERNELS} "
-                '("auto" fuses the Pointer-Unit loop where it can).'
-            )
-        if self.recurrence_kernel == "fused" and self.pointer_update != "attention":
-            raise ValueError(
-                f'recurrence_kernel="fused" covers pointer_update="attention" only (got {self.pointer_update!r}); '
-                'use recurrence_kernel="auto" or "eager".'
-            )
-        if self.recurrence_kernel == "fused" and self.content_read == "controller":
-            raise ValueError(
-                'recurrence_kernel="fused" cannot run content_read="controller": its attention reads with the '
-                'Controller state, so the Controller steps one at a time; use recurrence_kernel="auto" or "eager".'
-            )
-        if self.pointer_update == "shift" and self.address_distractors > 0:
-            raise ValueError(
-                'pointer_update="shift" moves pointers over consecutive slots and cannot be combined with '
-                "address_distractors; set address_distractors=0 or pointer_update=\"attention\"."
-            )
+            if not isinstance(value, int) or value < minimum:
+                rule = "a positive integer" if label is None else f"an integer >= {minimum}"
+                raise ValueError(f"{label or name} must be {rule} (got {value!r}){fix}.")
+            if name == "address_bits" and value > 62:
+                raise ValueError(f"address_bits={value} overflows 64-bit addresses; use at most 62.")
+        for name, (choices, hint) in CHOICES.items():
+            if getattr(self, name) not in choices:
+                raise ValueError(f"{name}={getattr(self, name)!r} is not supported; choose one of {choices}{hint}.")
+        for name in PROBABILITIES:
+            value = getattr(self, name)
+            if not _is_number(value) or not 0.0 <= value < 1.0:
+                raise ValueError(f"{name} must be a probability in [0, 1) (got {value!r}); 0 disables it.")
+        for conflict, message in CONFLICTS:
+            if conflict(self):
+                raise ValueError(message(self))
 
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+# (field, minimum, how the message names it (None: "a positive integer"), the fix appended to the message)
+INTEGER_RANGES = (
+    ("address_bits", 1, "address_bits", ""),
+    ("num_pointer_units", 1, "num_pointer_units (H^a)", "; the paper uses 2 (base and end pointers)"),
+    ("num_mode2_heads", 0, "num_mode2_heads (H^c)", ""),
+    ("pointer_hidden_size", 1, None, ""),
+    ("controller_hidden_size", 1, None, ""),
+    ("mlp_hidden_size", 1, None, ""),
+    ("shift_range", 1, "shift_range", "; 1 allows steps -1, 0, +1"),
+    ("address_distractors", 0, "address_distractors", "; 0 disables"),
+)
+# field -> (allowed values, a hint appended to the message)
+CHOICES = {
+    "scoring": (SCORINGS, ""),
+    "address_key": (ADDRESS_KEYS, ' ("mlp" is the paper\'s g^a, "linear" the authors\' code)'),
+    "controller_init": (CONTROLLER_INITS, ""),
+    "pointer_update": (POINTER_UPDATES, ' ("attention" is the paper\'s Pointer Unit)'),
+    "content_read": (CONTENT_READS, ' ("none" is the paper\'s equations)'),
+    "recurrence_kernel": (RECURRENCE_KERNELS, ' ("auto" fuses the Pointer-Unit loop where it can)'),
+}
+PROBABILITIES = ("panm_dropout", "panm_drop_path")
+FORCED_KERNELS = ("fused", "triton")  # settings that raise rather than fall back to the eager loops
+# (when the fields conflict, the message naming them and the fix)
+CONFLICTS = (
+    (
+        lambda c: c.recurrence_kernel in FORCED_KERNELS and c.pointer_update != "attention",
+        lambda c: f'recurrence_kernel="{c.recurrence_kernel}" cannot run pointer_update={c.pointer_update!r}: '
+        f'{SHIFT_HAS_NO_KERNEL}; use recurrence_kernel="auto" or "eager".',
+    ),
+    (
+        lambda c: c.recurrence_kernel in FORCED_KERNELS and c.content_read == "controller",
+        lambda c: f'recurrence_kernel="{c.recurrence_kernel}" cannot run content_read="controller": '
+        f'{CONTROLLER_READ_STEPS}; use recurrence_kernel="auto" or "eager".',
+    ),
+    (
+        lambda c: c.recurrence_kernel == "triton" and importlib.util.find_spec("triton") is None,
+        lambda c: 'recurrence_kernel="triton" needs Triton, which is not installed: `pip install triton`, or use '
+        'recurrence_kernel="auto" or "eager".',
+    ),
+    (
+        lambda c: c.pointer_update == "shift" and c.address_distractors > 0,
+        lambda c: 'pointer_update="shift" moves pointers over consecutive slots and cannot be combined with '
+        'address_distractors; set address_distractors=0 or pointer_update="attention".',
+    ),
+)
 
 __all__ = [
     "ADDRESS_KEYS", "CONTENT_READS", "CONTROLLER_INITS", "RECURRENCE_KERNELS", "POINTER_UPDATES", "SCORINGS",

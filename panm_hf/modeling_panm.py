@@ -21,6 +21,8 @@ from torch import nn
 from transformers import AutoModelForSeq2SeqLM, GenerationMixin, PreTrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput
 
+from panm_hf.kernels import copy_for_remote_code
+
 from .adapter import from_panm as _from_panm
 from .adapter import save_panm as _save_panm
 from .backbones import check_seq2seq_backbone, get_path, seq2seq_parts, without_last_layer
@@ -186,6 +188,13 @@ class PanmPreTrainedModel(PreTrainedModel):
     @classmethod
     def _check_backbone(cls, backbone: PreTrainedModel) -> None:
         """ValueError naming `backbone` when this adapter cannot wrap its kind (checked before wrapping)."""
+
+    def save_pretrained(self, save_directory: str | os.PathLike, *args, **kwargs):
+        """`PreTrainedModel.save_pretrained`; the copied modeling code (remote code) also gets the kernels."""
+        result = super().save_pretrained(save_directory, *args, **kwargs)
+        if self.is_remote_code():
+            copy_for_remote_code(save_directory)
+        return result
 
     def save_panm(self, save_directory: str | os.PathLike, *, base_model_name_or_path: str | None = None) -> None:
         """Save PANM's own weights and config, not the backbone's (as a PEFT adapter), for `from_panm`.
@@ -409,8 +418,20 @@ class PanmForSeq2SeqLM(PanmPreTrainedModel, GenerationMixin):
             memory_states, attention_mask, decoder_states, cache, past_length, base_address, output_attentions
         )
         hidden = self._combine(decoder_states, panm_output.hidden_states)  # (batch, tgt_len, decoder_dim)
-        logits = self._logits(hidden)  # (batch, tgt_len, vocab)
+        output = self._output(hidden, labels, cache, encoder_outputs, decoder_outputs, panm_output)
+        return output if return_dict else output.to_tuple()
 
+    def _output(
+        self,
+        hidden: torch.Tensor,
+        labels: torch.LongTensor | None,
+        cache: PanmCache | None,
+        encoder_outputs: BaseModelOutput,
+        decoder_outputs,
+        panm_output: PanmMemoryOutput,
+    ) -> PanmSeq2SeqLMOutput:
+        """Logits, the loss against `labels` (`-100` ignored) and the outputs of every part."""
+        logits = self._logits(hidden)  # (batch, tgt_len, vocab)
         loss = None
         if labels is not None:
             loss = nn.functional.cross_entropy(
@@ -419,21 +440,19 @@ class PanmForSeq2SeqLM(PanmPreTrainedModel, GenerationMixin):
         decoder_hidden_states = getattr(decoder_outputs, "hidden_states", None)
         if decoder_hidden_states is not None:  # PANM is the last decoder layer: what the LM head reads comes last
             decoder_hidden_states = (*decoder_hidden_states, hidden)
-
-        output = PanmSeq2SeqLMOutput(
+        return PanmSeq2SeqLMOutput(
             loss=loss,
             logits=logits,
             **{BACKBONE_CACHE_KWARG: cache},
             decoder_hidden_states=decoder_hidden_states,
             decoder_attentions=getattr(decoder_outputs, "attentions", None),
             cross_attentions=getattr(decoder_outputs, "cross_attentions", None),
-            encoder_last_hidden_state=memory_states,
+            encoder_last_hidden_state=encoder_outputs.last_hidden_state,
             encoder_hidden_states=encoder_outputs.hidden_states,
             encoder_attentions=encoder_outputs.attentions,
             address_attentions=panm_output.address_attentions,
             mode2_attentions=panm_output.mode2_attentions,
         )
-        return output if return_dict else output.to_tuple()
 
     def _decoder_input_ids(
         self,
@@ -495,18 +514,13 @@ class PanmForSeq2SeqLM(PanmPreTrainedModel, GenerationMixin):
         state: PanmState | None = None
         memory = None
         if cache is not None:
-            if cache.panm_steps != past_length:
-                raise ValueError(
-                    f"past_key_values holds {past_length} cached tokens but PANM state for {cache.panm_steps}; "
-                    "pass the PanmCache returned by this model (not a backbone-only cache)."
-                )
-            state, memory = cache.panm_state, cache.panm_memory
+            fix = "pass the PanmCache returned by this model (not a backbone-only cache)."
+            state, memory = cache.panm_resume(past_length, fix)
         if memory is None:
             memory = self.panm.bind(memory_states, attention_mask, base_address=base_address)
         panm_output = self.panm(memory, decoder_states, state=state, output_attentions=bool(output_attentions))
         if cache is not None:
-            cache.panm_state, cache.panm_memory = panm_output.state, panm_output.memory
-            cache.panm_steps = past_length + decoder_states.shape[1]
+            cache.panm_store(panm_output.state, panm_output.memory, past_length, decoder_states.shape[1])
         return panm_output
 
     def _combine(self, decoder_states: torch.Tensor, panm_states: torch.Tensor) -> torch.Tensor:

@@ -16,10 +16,11 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from panm_hf.kernels.dispatch import Call, decide, require
+
 from .attention import AttentionScorer
 from .memory_config import PanmMemoryConfig
 from .pointer_arithmetic import sharpen, shift_candidates
-from .recurrence_kernel import unavailable_reason
 
 
 class GroupedLinear(nn.Module):
@@ -104,7 +105,7 @@ class PointerUnits(nn.Module):
             `g^a`), the scoring (`panm_hf.attention`), and `pointer_update`: `"attention"` (the paper's
             Eq. 2) or `"shift"` (the paper's attention as one of the moves beside content-free steps
             `-K..K`, `K = shift_range`; see `panm_hf.pointer_arithmetic`); `recurrence_kernel`: whether the
-            loop runs step by step (`"eager"`, the reference) or as one fused kernel (`panm_hf.recurrence_kernel`).
+            loop runs step by step (`"eager"`, the reference) or as one fused kernel (`panm_hf.kernels`).
     """
 
     def __init__(self, config: PanmMemoryConfig):
@@ -213,16 +214,20 @@ class PointerUnits(nn.Module):
         anchors: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> str | None:
         """Why `forward` with these arguments cannot run the fused kernel; None when it can."""
-        if self.arithmetic_head is not None:
-            return 'pointer_update="shift" has no fused kernel'
-        if attention_mask.dim() != 2 or step_mask is not None or (anchors is not None and self.num_pointer_units > 1):
-            return "per-step masks and anchors (causal decoding) run step by step"
-        if self._compiled_step is not None:
-            return "compile_step() was called"
+        call = self._kernel_call(pointers, hidden, address_bank, address_keys, attention_mask, step_mask, anchors)
+        return decide("pointer_recurrence", call).reason
+
+    def _kernel_call(self, pointers, hidden, address_bank, address_keys, attention_mask, step_mask, anchors) -> Call:
+        """The loop's call as `panm_hf.kernels.dispatch` sees it."""
         tensors = [pointers, hidden, address_bank, address_keys, *self.cell.parameters(), *self.scorer.parameters()]
-        if len({t.dtype for t in tensors}) > 1 or len({t.device for t in tensors}) > 1:
-            return "the states, address bank, keys and parameters differ in dtype or device"
-        return unavailable_reason(address_keys.dtype, address_keys.device, explicit=self.recurrence_kernel == "fused")
+        return Call(
+            self.recurrence_kernel, address_keys.device, address_keys.dtype,
+            uniform=len({t.dtype for t in tensors}) == 1 and len({t.device for t in tensors}) == 1,
+            shift=self.arithmetic_head is not None,
+            per_step=attention_mask.dim() != 2 or step_mask is not None
+            or (anchors is not None and self.num_pointer_units > 1),
+            compiled_step=self._compiled_step is not None,
+        )  # fmt: skip
 
     def _fused_forward(
         self,
@@ -232,15 +237,53 @@ class PointerUnits(nn.Module):
         address_keys: torch.Tensor,
         attention_mask: torch.Tensor,
         num_steps: int,
+        kernel: str = "c",
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """`forward`'s loop as one kernel (and its backward as one): same arguments and results."""
+        """`forward`'s loop as one kernel (and its backward as one): same arguments and results. `kernel="c"`
+        dispatches by device (C on CPU, Triton on CUDA); `"triton"` runs the Triton port on any device."""
         inverse_temperature = self.scorer.inverse_temperature if self.scorer.scoring == "cosine" else None
         input_gates, hidden_gates = self.cell.input_gates, self.cell.hidden_gates
-        weights, pointers, hidden, *_ = torch.ops.panm_hf.pointer_recurrence(
+        op = torch.ops.panm_hf.pointer_recurrence_triton if kernel == "triton" else torch.ops.panm_hf.pointer_recurrence
+        weights, pointers, hidden, *_ = op(
             pointers, hidden, address_keys, address_bank, attention_mask, input_gates.weight, input_gates.bias,
             hidden_gates.weight, hidden_gates.bias, inverse_temperature, num_steps,
         )  # fmt: skip
         return weights, pointers, hidden  # (batch, steps, units, slots), (batch, units, bits), (batch, units, hidden)
+
+    @staticmethod
+    def _unit_major_weights(previous_weights: torch.Tensor | None, batch: int, units: int, slots: int) -> torch.Tensor:
+        """`w_{t-1}` `(batch, units, slots)` laid out `(units*batch, 1, slots)`; a ValueError when missing."""
+        if previous_weights is None or tuple(previous_weights.shape) != (batch, units, slots):
+            got = None if previous_weights is None else tuple(previous_weights.shape)
+            raise ValueError(
+                f'pointer_update="shift" needs previous_weights of shape {(batch, units, slots)} '
+                f"(PanmState.pointer_weights, set by PanmMemory.initial_state); got {got}."
+            )
+        return previous_weights.transpose(0, 1).reshape(units * batch, 1, slots)  # (units*batch, 1, slots)
+
+    @staticmethod
+    def _unit_major(
+        address_keys: torch.Tensor, address_bank: torch.Tensor, attention_mask: torch.Tensor, num_steps: int
+    ) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...], list[torch.Tensor]]:
+        """Keys, bank, and per-step masks and mask biases laid out unit-major once, so every step is a few
+        batched matmuls with no copies: `(units*batch, hidden, slots)`, `(units*batch, slots, bits)`, and per
+        step `(units*batch, 1, slots)` each."""
+        batch, units, slots, size = address_keys.shape
+        keys = address_keys.transpose(0, 1).reshape(units * batch, slots, size)  # (units*batch, slots, hidden)
+        keys = keys.transpose(1, 2)  # (units*batch, hidden, slots)
+        bank = address_bank.unsqueeze(0).expand(units, -1, -1, -1)  # (units, batch, slots, bits)
+        bank = bank.reshape(units * batch, slots, -1)  # (units*batch, slots, bits)
+        if attention_mask.dim() == 3:  # (batch, steps, slots) -> one (units*batch, 1, slots) mask per step
+            mask = attention_mask.unsqueeze(0).expand(units, -1, -1, -1)  # (units, batch, steps, slots)
+            mask = mask.reshape(units * batch, num_steps, 1, slots).unbind(1)  # steps x (units*batch, 1, slots)
+        else:
+            mask = attention_mask.unsqueeze(0).expand(units, -1, -1)  # (units, batch, slots)
+            mask = mask.reshape(units * batch, 1, slots)  # (units*batch, 1, slots)
+            mask = (mask,) * num_steps  # the same mask at every step
+        # -65504 (fp16's lowest) stays finite in fp16/bf16/fp32 and zeroes padded slots in the softmax.
+        bias_of = {id(m): torch.zeros(m.shape, dtype=keys.dtype, device=keys.device).masked_fill(~m, -65504.0)
+                   for m in mask}  # fmt: skip
+        return keys, bank, mask, [bias_of[id(m)] for m in mask]
 
     def forward(
         self,
@@ -275,43 +318,14 @@ class PointerUnits(nn.Module):
         Returns:
             `(weights (batch, steps, units, slots), final pointers, final hidden)`.
         """
-        if self.recurrence_kernel != "eager":
-            reason = self.fused_unavailable_reason(
-                pointers, hidden, address_bank, address_keys, attention_mask, step_mask, anchors
-            )
-            if reason is None:
-                return self._fused_forward(pointers, hidden, address_bank, address_keys, attention_mask, num_steps)
-            if self.recurrence_kernel == "fused":
-                raise ValueError(
-                    f'recurrence_kernel="fused" cannot run this call: {reason}. Use recurrence_kernel="auto" (fused '
-                    'where it applies) or "eager".'
-                )
+        call = self._kernel_call(pointers, hidden, address_bank, address_keys, attention_mask, step_mask, anchors)
+        kernel = require("pointer_recurrence", call, "this call").kernel
+        if kernel != "eager":
+            return self._fused_forward(pointers, hidden, address_bank, address_keys, attention_mask, num_steps, kernel)
         batch, units, slots, size = address_keys.shape
         if self.arithmetic_head is not None:
-            if previous_weights is None or tuple(previous_weights.shape) != (batch, units, slots):
-                got = None if previous_weights is None else tuple(previous_weights.shape)
-                raise ValueError(
-                    f'pointer_update="shift" needs previous_weights of shape {(batch, units, slots)} '
-                    f"(PanmState.pointer_weights, set by PanmMemory.initial_state); got {got}."
-                )
-            previous_weights = previous_weights.transpose(0, 1).reshape(units * batch, 1, slots)  # (u*b, 1, slots)
-        # Lay everything out unit-major once, so every step is a few batched matmuls with no copies.
-        keys = address_keys.transpose(0, 1).reshape(units * batch, slots, size)  # (units*batch, slots, hidden)
-        keys = keys.transpose(1, 2)  # (units*batch, hidden, slots)
-        bank = address_bank.unsqueeze(0).expand(units, -1, -1, -1)  # (units, batch, slots, bits)
-        bank = bank.reshape(units * batch, slots, -1)  # (units*batch, slots, bits)
-        per_step_mask = attention_mask.dim() == 3
-        if per_step_mask:  # (batch, steps, slots) -> one (units*batch, 1, slots) mask per step
-            mask = attention_mask.unsqueeze(0).expand(units, -1, -1, -1)  # (units, batch, steps, slots)
-            mask = mask.reshape(units * batch, num_steps, 1, slots).unbind(1)  # steps x (units*batch, 1, slots)
-        else:
-            mask = attention_mask.unsqueeze(0).expand(units, -1, -1)  # (units, batch, slots)
-            mask = mask.reshape(units * batch, 1, slots)  # (units*batch, 1, slots)
-            mask = (mask,) * num_steps  # the same mask at every step
-        # -65504 (fp16's lowest) stays finite in fp16/bf16/fp32 and zeroes padded slots in the softmax.
-        bias_of = {id(m): torch.zeros(m.shape, dtype=keys.dtype, device=keys.device).masked_fill(~m, -65504.0)
-                   for m in mask}  # fmt: skip
-        masks, mask_biases = mask, [bias_of[id(m)] for m in mask]
+            previous_weights = self._unit_major_weights(previous_weights, batch, units, slots)  # (u*b, 1, slots)
+        keys, bank, masks, mask_biases = self._unit_major(address_keys, address_bank, attention_mask, num_steps)
         pointers = pointers.transpose(0, 1).reshape(units, batch, -1)  # (units, batch, bits)
         hidden = hidden.transpose(0, 1).reshape(units, batch, size)  # (units, batch, hidden)
         gamma = self.arithmetic_head.gamma(batch) if self.arithmetic_head is not None else None

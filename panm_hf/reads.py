@@ -64,7 +64,7 @@ class Mode2Reader(nn.Module):
         batch, heads = memory_states.shape[0], self.num_heads
         queries = self.query_mlp(mode1_values)  # (batch*steps, heads*dim)
         queries = queries.reshape(batch, -1, memory_states.shape[-1])  # (batch, steps*heads, dim)
-        if attention_mask.dim() == 2 and self.scorer.fused(queries):  # scoring, softmax and read: one C kernel
+        if self.scorer.fused(queries, "mode2_read", per_step=attention_mask.dim() != 2):  # one C kernel
             scale = self.scorer.inverse_temperature if self.scorer.scoring == "cosine" else None
             values, weights = torch.ops.panm_hf.mode2_attention(queries, memory_states, attention_mask, scale)[:2]
             return values.reshape(mode1_values.shape[0], -1), weights  # (batch*steps, heads*dim), (b, t*h, slots)

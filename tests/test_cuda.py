@@ -10,7 +10,7 @@ import torch
 from test_fused_recurrence import SHAPES, units_and_inputs
 
 from panm_hf import PanmConfig, PanmForSeq2SeqLM
-from panm_hf import recurrence_kernel as kernel_module
+from panm_hf.kernels import dispatch
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 TOLERANCE = {torch.float64: dict(atol=1e-10, rtol=1e-9), torch.float32: dict(atol=2e-5, rtol=2e-4)}
@@ -38,7 +38,7 @@ def outputs_and_grads(module, kernel, inputs):
 @pytest.mark.parametrize("scoring", ["cosine", "dot"])
 @pytest.mark.parametrize("shape", SHAPES)
 def test_triton_pointer_units_equal_eager_on_cuda(shape, scoring, dtype):
-    assert kernel_module.unavailable_reason(dtype, torch.device("cuda")) is None  # "auto" takes the kernel
+    assert dispatch.unavailable_reason(dtype, torch.device("cuda")) is None  # "auto" takes the kernel
     module, inputs = units_and_inputs(*shape, dtype=dtype, scoring=scoring)
     module = module.cuda()
     inputs = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}

@@ -8,10 +8,10 @@ import torch
 from conftest import OpNames
 
 from panm_hf import PanmMemory, PanmMemoryConfig
-from panm_hf import recurrence_kernel as kernel_module
 from panm_hf.attention import masked_softmax
+from panm_hf.kernels import dispatch
 
-REASON = kernel_module.unavailable_reason(torch.float64, torch.device("cpu"))
+REASON = dispatch.unavailable_reason(torch.float64, torch.device("cpu"))
 pytestmark = pytest.mark.skipif(REASON is not None, reason=f"fused kernel unavailable: {REASON}")
 TOLERANCE = {torch.float64: dict(atol=1e-10, rtol=1e-9), torch.float32: dict(atol=2e-5, rtol=2e-4)}
 DTYPES = [torch.float64, torch.float32]

@@ -12,11 +12,11 @@ import torch
 from conftest import OpNames
 
 from panm_hf import PanmMemory, PanmMemoryConfig
-from panm_hf import recurrence_kernel as kernel_module
 from panm_hf.controller import Controller
+from panm_hf.kernels import dispatch, loader
 from panm_hf.pointer_unit import PointerUnits
 
-REASON = kernel_module.unavailable_reason(torch.float64, torch.device("cpu"))
+REASON = dispatch.unavailable_reason(torch.float64, torch.device("cpu"))
 needs_kernel = pytest.mark.skipif(REASON is not None, reason=f"fused kernel unavailable: {REASON}")
 TOLERANCE = {torch.float64: dict(atol=1e-10, rtol=1e-9), torch.float32: dict(atol=2e-5, rtol=2e-4)}
 # (units, batch, slots, steps): the paper's 2 units, one unit, three (a middle pointer), a batch past the tile of 8
@@ -180,7 +180,7 @@ def test_auto_falls_back_to_eager_where_the_kernel_does_not_apply():
     assert "per-step" in module.fused_unavailable_reason(*args, inputs["mask"], torch.ones(3, steps, dtype=torch.bool))
     half = [tensor.to(torch.bfloat16) for tensor in args]
     assert "dtype" in module.fused_unavailable_reason(*half, inputs["mask"])
-    assert "device" in kernel_module.unavailable_reason(torch.float32, torch.device("meta"))
+    assert "device" in dispatch.unavailable_reason(torch.float32, torch.device("meta"))
     shift, _ = units_and_inputs(2, 3, 5, 4, dtype=torch.float32)
     shift.arithmetic_head = torch.nn.Module()  # stands for pointer_update="shift"
     assert "shift" in shift.fused_unavailable_reason(*args, inputs["mask"])
@@ -193,23 +193,23 @@ def test_auto_falls_back_to_eager_where_the_kernel_does_not_apply():
 
 
 def test_no_compiler_gives_a_reason_and_auto_runs_eager(monkeypatch):
-    monkeypatch.setattr(kernel_module, "find_compiler", lambda: None)
-    kernel_module.load_library.cache_clear()
+    monkeypatch.setattr(loader, "find_compiler", lambda: None)
+    loader.load_library.cache_clear()
     try:
-        reason = kernel_module.unavailable_reason(torch.float32, torch.device("cpu"))
+        reason = dispatch.unavailable_reason(torch.float32, torch.device("cpu"))
         assert reason is not None and "compiler" in reason
         module, inputs = units_and_inputs(2, 3, 5, 4, dtype=torch.float32)
         assert run(module, "auto", inputs)[0].shape == (3, 4, 2, 5)
         with pytest.raises(ValueError, match="compiler"):
             run(module, "fused", inputs)
     finally:
-        kernel_module.load_library.cache_clear()
+        loader.load_library.cache_clear()
 
 
 def test_recurrence_kernel_knob_is_validated():
     assert PanmMemoryConfig().recurrence_kernel == "auto"
     with pytest.raises(ValueError, match="recurrence_kernel"):
-        PanmMemoryConfig(recurrence_kernel="triton")
+        PanmMemoryConfig(recurrence_kernel="cuda")
     with pytest.raises(ValueError, match='recurrence_kernel="fused".*attention'):
         PanmMemoryConfig(recurrence_kernel="fused", pointer_update="shift")
     PanmMemoryConfig(recurrence_kernel="auto", pointer_update="shift")  # auto falls back, no error
@@ -279,7 +279,7 @@ os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported: the kernels r
 import torch
 from panm_hf import PanmMemoryConfig
 from panm_hf.pointer_unit import PointerUnits
-from panm_hf.recurrence_triton import pointer_backward_triton, pointer_forward_triton
+from panm_hf.kernels.triton_port import pointer_backward_triton, pointer_forward_triton
 
 torch.manual_seed(0)
 worst = {}
@@ -328,23 +328,23 @@ def test_triton_port_matches_the_c_kernel_under_the_interpreter():
 
 def test_cuda_takes_the_triton_kernel_under_auto_when_triton_imports(monkeypatch):
     cuda = torch.device("cuda")
-    assert "dtype" in kernel_module.unavailable_reason(torch.float16, cuda)
-    assert "dtype" in kernel_module.unavailable_reason(torch.bfloat16, cuda, explicit=True)
+    assert "dtype" in dispatch.unavailable_reason(torch.float16, cuda)
+    assert "dtype" in dispatch.unavailable_reason(torch.bfloat16, cuda)
     # without Triton, "auto" on CUDA gets a reason naming it (and so falls back to the eager loop)
-    monkeypatch.setattr(kernel_module, "register_triton", lambda: "the CUDA kernel needs Triton (missing)")
-    assert "Triton" in kernel_module.unavailable_reason(torch.float32, cuda)
-    monkeypatch.setattr(kernel_module, "register_triton", lambda: None)
-    assert kernel_module.unavailable_reason(torch.float32, cuda) is None
-    assert kernel_module.unavailable_reason(torch.float64, cuda, explicit=True) is None
+    monkeypatch.setattr(dispatch, "register_triton", lambda: "the CUDA kernel needs Triton (missing)")
+    assert "Triton" in dispatch.unavailable_reason(torch.float32, cuda)
+    monkeypatch.setattr(dispatch, "register_triton", lambda: None)
+    assert dispatch.unavailable_reason(torch.float32, cuda) is None
+    assert dispatch.unavailable_reason(torch.float64, cuda) is None
 
 
 def test_an_unwritable_cache_gives_a_reason_not_an_error(monkeypatch, tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("")
     monkeypatch.setenv("PANM_HF_CACHE", str(blocker / "cache"))  # under a file: mkdir fails
-    kernel_module.load_library.cache_clear()
+    loader.load_library.cache_clear()
     try:
-        reason = kernel_module.unavailable_reason(torch.float32, torch.device("cpu"))
+        reason = dispatch.unavailable_reason(torch.float32, torch.device("cpu"))
         assert reason is not None and "PANM_HF_CACHE" in reason
     finally:
-        kernel_module.load_library.cache_clear()
+        loader.load_library.cache_clear()

@@ -21,7 +21,8 @@ from transformers import (
 )
 from transformers.models.bart.modeling_bart import shift_tokens_right
 
-from panm_hf import BertWithPanmForQA, PanmConfig, PanmForCausalLM, PanmForSeq2SeqLM, recurrence_kernel
+from panm_hf import BertWithPanmForQA, PanmConfig, PanmForCausalLM, PanmForSeq2SeqLM
+from panm_hf.kernels import dispatch, loader
 
 PAD = 1  # the tiny BART's and GPT-2's pad_token_id
 PLAIN = {"do_sample": False, "min_length": 0, "no_repeat_ngram_size": 0, "repetition_penalty": 1.0}
@@ -248,19 +249,19 @@ def test_causal_last_hidden_state_is_what_the_lm_head_reads():
 
 @pytest.fixture
 def fresh_kernel_cache():
-    recurrence_kernel.load_library.cache_clear()
+    loader.load_library.cache_clear()
     yield
-    recurrence_kernel.load_library.cache_clear()  # later tests load the real kernel again
+    loader.load_library.cache_clear()  # later tests load the real kernel again
 
 
 def test_cached_kernel_without_its_symbols_falls_back_to_eager(fresh_kernel_cache, monkeypatch, tmp_path):
-    monkeypatch.setattr(recurrence_kernel, "cache_dir", lambda: tmp_path)
-    monkeypatch.setattr(recurrence_kernel, "find_compiler", lambda: "/usr/bin/cc")
-    monkeypatch.setattr(recurrence_kernel, "_build", lambda *args: None)  # "built": the cached file is foreign
-    monkeypatch.setattr(recurrence_kernel.ctypes, "CDLL", lambda path: object())
-    reason = recurrence_kernel.load_library("float32")
+    monkeypatch.setattr(loader, "cache_dir", lambda: tmp_path)
+    monkeypatch.setattr(loader, "find_compiler", lambda: "/usr/bin/cc")
+    monkeypatch.setattr(loader, "_build", lambda *args: None)  # "built": the cached file is foreign
+    monkeypatch.setattr(loader.ctypes, "CDLL", lambda path: object())
+    reason = loader.load_library("float32")
     assert isinstance(reason, str) and "lacks pointer_forward" in reason
-    assert recurrence_kernel.unavailable_reason(torch.float32, torch.device("cpu")) == reason
+    assert dispatch.unavailable_reason(torch.float32, torch.device("cpu")) == reason
     states, decoder = torch.randn(2, 7, 8), torch.randn(2, 4, 6)
     auto = tiny_memory(recurrence_kernel="auto")(states, decoder).hidden_states
     eager = tiny_memory(recurrence_kernel="eager")(states, decoder).hidden_states

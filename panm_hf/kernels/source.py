@@ -1,16 +1,16 @@
-"""The C source of PANM's fused recurrences (compiled by `panm_hf.recurrence_kernel`).
+"""The C source of PANM's fused recurrences (compiled by `loader.py`).
 
 Kept as a Python string, not a `.c` file, so that `save_pretrained`'s copy of the modeling code (which
-follows relative imports of `.py` files only) carries it: a `trust_remote_code` load then builds the
-same kernel and computes the same numbers.
+carries `.py` files only; `remote_code_files` flattens this folder into it) carries it: a
+`trust_remote_code` load then builds the same kernel and computes the same numbers.
 """
 
 SOURCE = r"""
 /* PANM's two recurrences for all decoding steps in one call each, forward and backward: the Pointer Units
  * (paper, Eqs. 1-3; PointerUnits.forward with pointer_update="attention") and, at the end of this file,
  * the Controller GRU (Eq. 7). Plain C, no torch headers: compiled once per machine by
- * panm_hf/recurrence_kernel.py with `cc -O3 -fopenmp-simd -shared -fPIC [-DUSE_DOUBLE]` and called through
- * ctypes on contiguous tensors. The eager loop in pointer_unit.py (and nn.GRU) is the reference.
+ * panm_hf/kernels/loader.py with `cc -O3 -fopenmp-simd -shared -fPIC [-DUSE_DOUBLE]` and called through
+ * ctypes on contiguous tensors. The eager loop in panm_hf/pointer_unit.py (and nn.GRU) is the reference.
  *
  * Per row (sample b, unit u) and step t, with p = p_{t-1}, h = h_{t-1}:
  *   gi = b_i[u] + p W_i[u]         gh = b_h[u] + h W_h[u]            (3H each, gates r | z | n)

@@ -1,8 +1,9 @@
 """The Pointer-Unit recurrence as Triton kernels: the C kernel's algorithm for GPUs.
 
 One program per (sample, unit) row runs all decoding steps, forward (`pointer_forward_triton`) and backward
-(`pointer_backward_triton`), with the same saved states and outputs as `panm_hf.recurrence_kernel`'s C
-kernel, so the same custom ops can dispatch to it on CUDA (`recurrence_kernel="auto"` or `"fused"`).
+(`pointer_backward_triton`), with the same saved states and outputs as the C kernel (`loader.py`), so the
+same custom ops can dispatch to it on CUDA (`recurrence_kernel="auto"` or `"fused"`), and
+`recurrence_kernel="triton"` runs it on any device (on CPU under `TRITON_INTERPRET=1`).
 Checked against the C kernel under Triton's interpreter (`TRITON_INTERPRET=1`, CPU tensors; the test
 suite) and against the eager loop on a GPU (`tests/test_cuda.py`, run by hand where one is lent). It
 is not imported unless Triton is installed.
@@ -91,6 +92,36 @@ def _pointer_forward_kernel(
 
 
 @triton.jit
+def _store_weight_factors(dgi_rows, dgh_rows, h_rows, p_rows, ps_row, dar, daz, dan, r, h_prev,
+                          u, b, t, B, T, H, NB, offs_h, offs_nb, mh, mnb):  # fmt: skip
+    """The backward's per-(row, step) factors of the GRU weights' gradients (one GEMM each afterwards)."""
+    out = (u * B * T + b * T + t) * 3 * H  # row (b, t) of unit u in the (units, batch*steps, 3 hidden) factors
+    tl.store(dgi_rows + out + offs_h, dar, mask=mh)
+    tl.store(dgi_rows + out + H + offs_h, daz, mask=mh)
+    tl.store(dgi_rows + out + 2 * H + offs_h, dan, mask=mh)
+    tl.store(dgh_rows + out + offs_h, dar, mask=mh)
+    tl.store(dgh_rows + out + H + offs_h, daz, mask=mh)
+    tl.store(dgh_rows + out + 2 * H + offs_h, dan * r, mask=mh)
+    tl.store(h_rows + (u * H + offs_h) * (B * T) + b * T + t, h_prev, mask=mh)  # (U, H, B T)
+    p_prev = tl.load(ps_row + t * NB + offs_nb, mask=mnb, other=0.0)
+    tl.store(p_rows + (u * NB + offs_nb) * (B * T) + b * T + t, p_prev, mask=mnb)  # (U, NB, B T)
+
+
+@triton.jit
+def _store_w_h_product(wh, scratch, dar, daz, dgh_n, H, G, offs_h, mh, BLOCK_K: tl.constexpr):
+    """`W_h dgh` into `scratch`, BLOCK_K entries at a time (the backward's dh_prev = z dh + W_h dgh)."""
+    for k0 in range(0, H, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        mk = offs_k < H
+        block = wh + offs_k[:, None] * G + offs_h[None, :]
+        bmask = mk[:, None] & mh[None, :]
+        part = (tl.sum(tl.load(block, mask=bmask, other=0.0) * dar[None, :], 1)
+                + tl.sum(tl.load(block + H, mask=bmask, other=0.0) * daz[None, :], 1)
+                + tl.sum(tl.load(block + 2 * H, mask=bmask, other=0.0) * dgh_n[None, :], 1))  # fmt: skip
+        tl.store(scratch + offs_k, part, mask=mk)
+
+
+@triton.jit
 def _pointer_backward_kernel(
     keys, ks_b, ks_u, bank, mask, w_i, w_h, tau_ptr, hs, ps, gates, norms, probs,
     g_weights, g_p_final, g_h_final,
@@ -147,31 +178,14 @@ def _pointer_backward_kernel(
         dan = dh * (1.0 - z) * (1.0 - n * n)
         daz = dh * (h_prev - n) * z * (1.0 - z)
         dar = dan * ghn * r * (1.0 - r)
-        out = (u * B * T + b * T + t) * G  # row (b, t) of unit u in the (units, batch*steps, 3 hidden) factors
-        tl.store(dgi_rows + out + offs_h, dar, mask=mh)
-        tl.store(dgi_rows + out + H + offs_h, daz, mask=mh)
-        tl.store(dgi_rows + out + 2 * H + offs_h, dan, mask=mh)
-        tl.store(dgh_rows + out + offs_h, dar, mask=mh)
-        tl.store(dgh_rows + out + H + offs_h, daz, mask=mh)
-        tl.store(dgh_rows + out + 2 * H + offs_h, dan * r, mask=mh)
-        tl.store(h_rows + (u * H + offs_h) * (B * T) + b * T + t, h_prev, mask=mh)  # (U, H, B T)
-        p_prev = tl.load(ps_row + t * NB + offs_nb, mask=mnb, other=0.0)
-        tl.store(p_rows + (u * NB + offs_nb) * (B * T) + b * T + t, p_prev, mask=mnb)  # (U, NB, B T)
+        _store_weight_factors(dgi_rows, dgh_rows, h_rows, p_rows, ps_row, dar, daz, dan, r, h_prev,
+                              u, b, t, B, T, H, NB, offs_h, offs_nb, mh, mnb)  # fmt: skip
         wmask = mnb[:, None] & mh[None, :]
         block_i = wi + offs_nb[:, None] * G + offs_h[None, :]
         dp = (tl.sum(tl.load(block_i, mask=wmask, other=0.0) * dar[None, :], 1)
               + tl.sum(tl.load(block_i + H, mask=wmask, other=0.0) * daz[None, :], 1)
               + tl.sum(tl.load(block_i + 2 * H, mask=wmask, other=0.0) * dan[None, :], 1))  # fmt: skip
-        dgh_n = dan * r
-        for k0 in range(0, H, BLOCK_K):  # dh_prev = z dh + W_h dgh, BLOCK_K entries at a time
-            offs_k = k0 + tl.arange(0, BLOCK_K)
-            mk = offs_k < H
-            block = wh + offs_k[:, None] * G + offs_h[None, :]
-            bmask = mk[:, None] & mh[None, :]
-            part = (tl.sum(tl.load(block, mask=bmask, other=0.0) * dar[None, :], 1)
-                    + tl.sum(tl.load(block + H, mask=bmask, other=0.0) * daz[None, :], 1)
-                    + tl.sum(tl.load(block + 2 * H, mask=bmask, other=0.0) * dgh_n[None, :], 1))  # fmt: skip
-            tl.store(dh_scratch + row * H + offs_k, part, mask=mk)
+        _store_w_h_product(wh, dh_scratch + row * H, dar, daz, dan * r, H, G, offs_h, mh, BLOCK_K)
         tl.debug_barrier()
         dh = dh * z + tl.load(dh_scratch + row * H + offs_h, mask=mh, other=0.0)
         tl.debug_barrier()
@@ -191,7 +205,7 @@ def _blocks(size: int, slots: int, bits: int) -> dict:
 
 def pointer_forward_triton(pointers, hidden, keys, bank, mask, input_weight, input_bias, hidden_weight, hidden_bias,
                            inverse_temperature, num_steps):  # fmt: skip
-    """Same arguments and outputs as `panm_hf.recurrence_kernel.pointer_recurrence`."""
+    """Same arguments and outputs as `loader.pointer_recurrence`."""
     batch, units, slots, size = keys.shape
     bits = bank.shape[-1]
     if keys.stride(3) != 1 or keys.stride(2) != size:
@@ -215,7 +229,7 @@ def pointer_forward_triton(pointers, hidden, keys, bank, mask, input_weight, inp
 
 def pointer_backward_triton(grad_weights, grad_pointers, grad_hidden, keys, bank, mask, input_weight, hidden_weight,
                             inverse_temperature, hidden_states, pointer_states, gates, norms, probs):  # fmt: skip
-    """Same arguments and outputs as `panm_hf.recurrence_kernel.pointer_recurrence_backward`. The kernel writes
+    """Same arguments and outputs as `loader.pointer_recurrence_backward`. The kernel writes
     per-row pieces; the bank, bias and temperature gradients are their sums over rows (three reductions)."""
     batch, units, slots, size = keys.shape
     bits, steps = bank.shape[-1], probs.shape[2]

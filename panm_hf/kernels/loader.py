@@ -1,13 +1,15 @@
-"""PANM's recurrences fused: all decoding steps in one kernel, the backward in another.
+"""The fused kernels' loader: compiles the C source (`source.py`) and exposes it as `torch.library` ops.
+
+PANM's recurrences fused: all decoding steps in one kernel, the backward in another.
 
 `PointerUnits.forward` runs a Python loop over decoding steps (a grouped GRU cell and an address
 attention per step, ~25 kernels forward and ~2x that backward). The loop never sees memory content
 (principle II) and its shapes are fixed per (batch, slots, steps), so the whole recurrence can run as
 one kernel. The Controller GRU (`nn.GRU`) has no fused CPU kernel in PyTorch either (it runs step by
 step; on GPU cuDNN fuses it), so its recurrence gets the same treatment. Here the kernels are a small
-C source (`recurrences_source.py`, plain loops, no torch
-headers) compiled once per machine with the system C compiler into a per-user cache, keyed by a hash
-of the source, the flags and the CPU, and called through ctypes on contiguous CPU tensors.
+C source (`source.py`, plain loops, no torch headers) compiled once per machine with the system C
+compiler into a per-user cache, keyed by a hash of the source, the flags and the CPU, and called
+through ctypes on contiguous CPU tensors.
 
 They are exposed as `torch.library` custom ops, `panm_hf::pointer_recurrence` (forward: weights,
 final pointers and hidden, plus the per-step states the backward needs) with
@@ -16,8 +18,8 @@ final pointers and hidden, plus the per-step states the backward needs) with
 `torch.compile` can trace through them. Scope: `pointer_update="attention"` with a (batch, slots)
 mask, on CPU in float32/float64; everything else runs the eager loop and `nn.GRU`, which stay the
 reference (`PanmMemoryConfig.recurrence_kernel`). On CUDA the Pointer-Unit ops dispatch to a Triton
-port of the same algorithm (`panm_hf.recurrence_triton`), registered on first use whenever Triton
-imports (`"auto"` and `"fused"` alike); without Triton the Pointer Units run the eager loop.
+port of the same algorithm (`triton_port.py`), registered on first use (`register_triton`). Which path
+each op takes, and why, is decided in `dispatch.py` alone.
 
 The same C source holds three smaller kernels used outside the loops, each one op forward and one
 backward: `panm_hf::normalize_rows` (cosine scoring's `scale * normalize(x)`, optionally writing the
@@ -40,7 +42,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from .recurrences_source import SOURCE
+from .source import SOURCE
 
 DTYPES = {torch.float32: "float32", torch.float64: "float64"}
 _FLAGS = ["-O3", "-fopenmp-simd", "-shared", "-fPIC"]  # omp simd: vectorised dot products, no runtime
@@ -134,32 +136,35 @@ def load_library(dtype_name: str) -> ctypes.CDLL | str:
 
 @functools.cache
 def register_triton() -> str | None:
-    """Register the Triton port of the Pointer-Unit kernels (`panm_hf.recurrence_triton`) as the custom ops'
-    CUDA kernels; a string saying why when Triton is missing."""
+    """Register the Triton port (`triton_port`) as the Pointer-Unit ops' CUDA kernels, and as
+    `panm_hf::pointer_recurrence_triton` on every device (what `recurrence_kernel="triton"` calls); a string
+    saying why when Triton is missing."""
     try:
-        from .recurrence_triton import pointer_backward_triton, pointer_forward_triton
+        from .triton_port import pointer_backward_triton, pointer_forward_triton
     except ImportError as error:
-        return f"the CUDA kernel needs Triton ({error})"
+        return f"the Triton kernel needs Triton ({error}); install it with `pip install triton`"
     torch.library.register_kernel("panm_hf::pointer_recurrence", "cuda", pointer_forward_triton)
     torch.library.register_kernel("panm_hf::pointer_recurrence_backward", "cuda", pointer_backward_triton)
+    if not _registered("pointer_recurrence_triton"):
+        for name, impl, fake in (
+            ("pointer_recurrence_triton", pointer_forward_triton, _pointer_recurrence_fake),
+            ("pointer_recurrence_triton_backward", pointer_backward_triton, _pointer_recurrence_backward_fake),
+        ):  # the C ops' schemas: same arguments and outputs
+            schema = str(getattr(torch.ops.panm_hf, name.replace("_triton", "")).default._schema)
+            schema = schema[schema.index("(") :]
+            torch.library.custom_op(f"panm_hf::{name}", impl, mutates_args=(), schema=schema).register_fake(fake)
+        torch.library.register_autograd(
+            "panm_hf::pointer_recurrence_triton", _triton_backward, setup_context=_setup_context
+        )
     return None
 
 
-def unavailable_reason(dtype: torch.dtype, device: torch.device, *, explicit: bool = False) -> str | None:
-    """Why the fused Pointer-Unit kernel cannot run for tensors of this dtype and device; None when it can.
+def triton_interpreted() -> bool:
+    """Whether the Triton port was compiled for Triton's interpreter (`TRITON_INTERPRET=1` when triton was
+    imported), the only way it runs on CPU tensors."""
+    from .triton_port import _pointer_forward_kernel
 
-    On CUDA it is the Triton port, under `"auto"` and `"fused"` alike (`explicit` is kept for callers that
-    pass it); a missing Triton is the reason, so `"auto"` falls back to the eager loop."""
-    if device.type == "cuda":
-        if dtype not in DTYPES:
-            return f"no fused kernel for dtype {dtype} (float32 and float64 only)"
-        return register_triton()
-    if device.type != "cpu":
-        return f"no fused kernel for device {device.type!r} (CPU, and CUDA with Triton)"
-    if dtype not in DTYPES:
-        return f"no fused kernel for dtype {dtype} (float32 and float64 only)"
-    library = load_library(DTYPES[dtype])
-    return library if isinstance(library, str) else None
+    return type(_pointer_forward_kernel).__name__ == "InterpretedFunction"
 
 
 def _ptr(tensor: Tensor | None) -> int | None:
@@ -307,9 +312,9 @@ def _setup_context(ctx, inputs, output):
     ctx.mark_non_differentiable(*output[3:])
 
 
-def _backward(ctx, grad_weights, grad_pointers, grad_hidden, *_):
+def _pointer_backward(backward_op, ctx, grad_weights, grad_pointers, grad_hidden):
     keys, bank, mask, input_weight, hidden_weight, inverse_temperature, *states = ctx.saved_tensors
-    grads = torch.ops.panm_hf.pointer_recurrence_backward(
+    grads = backward_op(
         grad_weights, grad_pointers, grad_hidden, keys, bank, mask, input_weight, hidden_weight,
         inverse_temperature, *states,
     )  # fmt: skip
@@ -320,6 +325,16 @@ def _backward(ctx, grad_weights, grad_pointers, grad_hidden, *_):
     # inputs: pointers, hidden, keys, bank, mask, input_weight, input_bias, hidden_weight, hidden_bias, tau, steps
     return (d_pointers, d_hidden, d_keys, d_bank, None, d_input_weight, d_input_bias, d_hidden_weight, d_hidden_bias,
             d_tau, None)  # fmt: skip
+
+
+def _backward(ctx, grad_weights, grad_pointers, grad_hidden, *_):
+    backward_op = torch.ops.panm_hf.pointer_recurrence_backward
+    return _pointer_backward(backward_op, ctx, grad_weights, grad_pointers, grad_hidden)
+
+
+def _triton_backward(ctx, grad_weights, grad_pointers, grad_hidden, *_):
+    backward_op = torch.ops.panm_hf.pointer_recurrence_triton_backward
+    return _pointer_backward(backward_op, ctx, grad_weights, grad_pointers, grad_hidden)
 
 
 def gru_recurrence(
@@ -594,10 +609,10 @@ def _pool_backward(ctx, grad):
     return torch.ops.panm_hf.masked_pool_backward(grad, mask, ctx.mean), None, None
 
 
-def _registered() -> bool:
+def _registered(name: str = "pointer_recurrence") -> bool:
     # A trust_remote_code copy of these modules may be imported beside panm_hf: register the ops once.
     try:
-        torch.ops.panm_hf.pointer_recurrence  # noqa: B018
+        getattr(torch.ops.panm_hf, name)
     except (AttributeError, RuntimeError):
         return False
     return True

@@ -1,0 +1,133 @@
+"""Eager or fused, for every op PANM can fuse, and why: the one place that decides.
+
+The modules that run these ops describe a call (`Call`) and ask `decide(op, call)`; they never test devices,
+dtypes or settings themselves. The answer names the kernel, `"c"` (the C kernels, `loader.py`), `"triton"`
+(`triton_port.py`), `"cudnn"` (`nn.GRU`, one cuDNN kernel on CUDA) or `"eager"` (plain PyTorch ops, the
+reference), and for `"eager"` the reason: the first row of `FALLBACKS` that holds for the call.
+
+Ops (`OPS`):
+    pointer_recurrence: the Pointer-Unit loop (`PointerUnits.forward`).
+    controller_gru: the Controller GRU over all steps (`Controller.forward`).
+    cosine_normalize: cosine scoring's `scale * normalize(x)` (`AttentionScorer`, address keys).
+    mode2_read: the Mode-2 read after its query MLP (`Mode2Reader`).
+    controller_pool: `h^c_0`'s masked mean or sum of `M` (`Controller.initial_hidden`).
+
+Under `recurrence_kernel="fused"` or `"triton"` a recurrence (`RECURRENCES`) that falls back raises a
+ValueError with the reason (`require`); the other ops fall back silently under every setting.
+`"triton"` runs the code path CUDA takes, on any device: the Pointer-Unit loop in the Triton port (on CPU
+under Triton's interpreter), the Controller in `nn.GRU`, everything else in plain torch ops.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from ..memory_config import CONTROLLER_READ_STEPS, SHIFT_HAS_NO_KERNEL
+from .loader import DTYPES, load_library, register_triton, triton_interpreted
+
+OPS = ("pointer_recurrence", "controller_gru", "cosine_normalize", "mode2_read", "controller_pool")
+RECURRENCES = ("pointer_recurrence", "controller_gru")  # "fused" and "triton" raise when these fall back
+C_ONLY = ("cosine_normalize", "mode2_read", "controller_pool")  # a C kernel on CPU, plain torch elsewhere
+
+
+@dataclass(frozen=True)
+class Call:
+    """What decides an op's path: the config's `recurrence_kernel` and the facts of one call.
+
+    Args:
+        setting: `PanmMemoryConfig.recurrence_kernel`.
+        device, dtype: of the call's tensors.
+        uniform: every tensor and parameter of the call shares the dtype and device.
+        shift: `pointer_update="shift"`.
+        per_step: per-step masks, a step mask or anchors (causal decoding).
+        compiled_step: `PointerUnits.compile_step()` was called.
+        controller_read: `content_read="controller"`.
+    """
+
+    setting: str
+    device: torch.device
+    dtype: torch.dtype
+    uniform: bool = True
+    shift: bool = False
+    per_step: bool = False
+    compiled_step: bool = False
+    controller_read: bool = False
+
+
+@dataclass(frozen=True)
+class Decision:
+    """`kernel`: `"c"`, `"triton"`, `"cudnn"` or `"eager"`; `reason`: why `"eager"` (None otherwise)."""
+
+    kernel: str
+    reason: str | None = None
+
+
+def candidate(op: str, call: Call) -> str:
+    """The kernel `op` runs when no fallback applies: CUDA's (and `"triton"`'s) or the C one."""
+    cuda_path = call.device.type == "cuda" or call.setting == "triton"
+    if cuda_path and op == "pointer_recurrence":
+        return "triton"
+    if cuda_path and op == "controller_gru":
+        return "cudnn"
+    return "c"
+
+
+def _c_library_reason(call: Call) -> str | None:
+    library = load_library(DTYPES[call.dtype])
+    return library if isinstance(library, str) else None
+
+
+ANY = ("c", "triton", "cudnn")
+# (ops, kernels, when, reason): a call of one of `ops` whose candidate kernel is one of `kernels` runs eagerly
+# when `when(call)` holds, for `reason` (a string, or a function of the call). The first row that holds wins.
+FALLBACKS: tuple[tuple[tuple[str, ...], tuple[str, ...], Callable[[Call], bool], str | Callable[[Call], str]], ...] = (
+    (OPS, ANY, lambda c: c.setting == "eager", 'recurrence_kernel="eager" keeps every op in plain PyTorch'),
+    (("pointer_recurrence",), ANY, lambda c: c.shift, SHIFT_HAS_NO_KERNEL),
+    (("pointer_recurrence",), ANY, lambda c: c.per_step,
+     "per-step masks and anchors (causal decoding) run step by step"),
+    (("mode2_read",), ANY, lambda c: c.per_step, "a per-step (causal) mask is read with plain torch ops"),
+    (("pointer_recurrence",), ANY, lambda c: c.compiled_step, "compile_step() was called"),
+    (("controller_gru",), ANY, lambda c: c.controller_read, CONTROLLER_READ_STEPS),
+    (C_ONLY, ANY, lambda c: c.device.type != "cpu" or c.setting == "triton",
+     'off CPU (and under recurrence_kernel="triton", the CUDA code path) this op is plain torch ops'),
+    (OPS, ("c", "triton"), lambda c: not c.uniform, "the inputs, states and parameters differ in dtype or device"),
+    (OPS, ("c",), lambda c: c.device.type != "cpu",
+     lambda c: f"no fused kernel for device {c.device.type!r} (CPU, and CUDA with Triton)"),
+    (OPS, ("c", "triton"), lambda c: c.dtype not in DTYPES,
+     lambda c: f"no fused kernel for dtype {c.dtype} (float32 and float64 only)"),
+    (OPS, ("c",), lambda c: _c_library_reason(c) is not None, _c_library_reason),
+    (OPS, ("triton",), lambda c: register_triton() is not None, lambda c: register_triton()),
+    (OPS, ("triton",), lambda c: c.device.type == "cpu" and not triton_interpreted(),
+     "on CPU tensors the Triton kernels run only under Triton's interpreter; set TRITON_INTERPRET=1 in the "
+     "environment before triton (and panm_hf) is imported"),
+)  # fmt: skip
+
+
+def decide(op: str, call: Call) -> Decision:
+    """Which kernel runs `op` for `call`, and why the eager path when it does."""
+    kernel = candidate(op, call)
+    for ops, kernels, when, reason in FALLBACKS:
+        if op in ops and kernel in kernels and when(call):
+            return Decision("eager", reason if isinstance(reason, str) else reason(call))
+    return Decision(kernel)
+
+
+def require(op: str, call: Call, what: str) -> Decision:
+    """`decide`, raising a ValueError naming the setting and the fix when `"fused"` or `"triton"` cannot run
+    the recurrence `op` (`what` names it in the message)."""
+    decision = decide(op, call)
+    if decision.reason is not None and op in RECURRENCES and call.setting in ("fused", "triton"):
+        raise ValueError(
+            f'recurrence_kernel="{call.setting}" cannot run {what}: {decision.reason}. Use '
+            'recurrence_kernel="auto" (fused where it applies) or "eager".'
+        )
+    return decision
+
+
+def unavailable_reason(dtype: torch.dtype, device: torch.device) -> str | None:
+    """Why no fused Pointer-Unit kernel runs on tensors of this dtype and device under `"auto"`; None when one
+    does (the C kernel on CPU, the Triton port on CUDA)."""
+    return decide("pointer_recurrence", Call(setting="auto", device=device, dtype=dtype)).reason
