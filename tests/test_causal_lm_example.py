@@ -53,7 +53,6 @@ def test_prompt_memory_models_train_equal_steps_and_report_pointer_hits():
 
     from run_causal_lm import build, pointer_hits, train
 
-    torch.set_num_threads(1)
     model = build("panm_shift", "smoke", 0, 6, "llama", "prompt")
     assert model.config.causal_memory == "prompt" and model.config.pointer_update == "shift"
     args = SimpleNamespace(task="copy", batch_size=4, train_length=3, max_steps=2, time_budget=None, lr=1e-3,
