@@ -2,7 +2,7 @@
 
 `model.save_panm(folder)` writes two small files:
 
-* `panm_config.json`: a `PanmAdapterConfig`, the PANM hyperparameters, `placement`, the adapter
+* `panm_config.json`: a `PanmAdapterConfig`, the PANM hyperparameters, `placement`, `causal_memory`, the adapter
   class and the base model's `name_or_path` (what `from_backbone` recorded);
 * `panm_model.safetensors`: every weight outside `backbone.`: PANM's `panm.*`, plus
   `output_norm.*` (`placement="residual"`) or the QA span head `qa_outputs.*`.
@@ -24,7 +24,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers.utils import cached_file, logging
 
-from .configuration_panm import PLACEMENTS, PanmConfig
+from .configuration_panm import CAUSAL_MEMORIES, PLACEMENTS, PanmConfig
 from .memory_config import PanmMemoryConfig
 
 if TYPE_CHECKING:
@@ -49,26 +49,31 @@ class PanmAdapterConfig(PanmMemoryConfig):
         base_model_name_or_path (`str`, *optional*): the base model the weights go with, a local
             folder or Hub id (`config.name_or_path`); `""` when the model had none.
         placement (`str`, *optional*, defaults to `"stack"`): `PanmConfig.placement`.
+        causal_memory (`str`, *optional*, defaults to `"sequence"`): `PanmConfig.causal_memory`.
         **kwargs: the `PanmMemoryConfig` fields.
     """
 
     adapter_class: str
     base_model_name_or_path: str = ""
     placement: str = "stack"
+    causal_memory: str = "sequence"
 
     def validate(self) -> None:
-        """`PanmMemoryConfig.validate` plus `placement` and `adapter_class`; ValueError naming the field."""
+        """`PanmMemoryConfig.validate` plus `placement`, `causal_memory` and `adapter_class`; ValueError naming
+        the field."""
         super().validate()
         if self.placement not in PLACEMENTS:
             raise ValueError(f"placement={self.placement!r} is not supported; choose one of {PLACEMENTS}.")
+        if self.causal_memory not in CAUSAL_MEMORIES:
+            raise ValueError(f"causal_memory={self.causal_memory!r} is not supported; choose one of {CAUSAL_MEMORIES}.")
         if not isinstance(self.adapter_class, str) or not self.adapter_class:
             raise ValueError(f"adapter_class must name a PANM model class (got {self.adapter_class!r}).")
 
     @property
     def panm_kwargs(self) -> dict:
-        """The `PanmConfig` fields `from_backbone` takes: PANM's hyperparameters and `placement`."""
+        """The `PanmConfig` fields `from_backbone` takes: PANM's hyperparameters, `placement`, `causal_memory`."""
         memory = {field.name: getattr(self, field.name) for field in fields(PanmMemoryConfig)}
-        return {**memory, "placement": self.placement}
+        return {**memory, "placement": self.placement, "causal_memory": self.causal_memory}
 
     @classmethod
     def from_model(cls, model: PanmPreTrainedModel, base_model_name_or_path: str | None = None) -> PanmAdapterConfig:
@@ -79,6 +84,7 @@ class PanmAdapterConfig(PanmMemoryConfig):
             adapter_class=type(model).__name__,
             base_model_name_or_path=os.fspath(base or ""),
             placement=model.config.placement,
+            causal_memory=getattr(model.config, "causal_memory", "sequence"),
         )
 
     @classmethod

@@ -140,7 +140,8 @@ class PanmDynamicCache(_PanmStateCache, DynamicCache):
     """A `DynamicCache` (a decoder-only backbone's KV cache) that also carries PANM's state (`PanmForCausalLM`).
 
     `panm_memory` is the causal memory so far, left-aligned (each sample's real tokens first), grown by
-    `PanmMemory.append` on every cached call.
+    `PanmMemory.append` on every cached call (`causal_memory="sequence"`), or the prompt, bound on the first
+    call and kept (`causal_memory="prompt"`).
     """
 
     def __init__(self, *args, **kwargs) -> None:

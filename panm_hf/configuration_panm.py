@@ -10,6 +10,8 @@ from transformers.configuration_utils import SubConfigSpec
 from .memory_config import PanmMemoryConfig
 
 PLACEMENTS = ("stack", "replace", "residual")
+# PanmForCausalLM's memory M: every token so far, or the prompt only (the seq2seq framing in one stream).
+CAUSAL_MEMORIES = ("sequence", "prompt")
 # The placements in which the Controller takes the place of the backbone's last decoder layer.
 LAYER_REPLACING_PLACEMENTS = ("replace", "residual")
 # Attributes read from the outer config by Trainer, Seq2SeqTrainer, generate() and weight tying.
@@ -44,6 +46,15 @@ class PanmConfig(PreTrainedConfig, PanmMemoryConfig):
             too but joins the Controller's output to the decoder stream as a Transformer sublayer does,
             `LayerNorm(z_t + o_t)` (the paper's `replace` feeds the logits from the Controller alone).
             `PanmForCausalLM` supports `"stack"` only.
+        causal_memory (`str`, *optional*, defaults to `"sequence"`):
+            what `PanmForCausalLM` uses as PANM's memory `M`. `"sequence"`: every token so far (the paper's
+            Dyck model, "masking M"); every position is a decoding step that reads the slots up to its
+            own. `"prompt"`: the backbone's states over the prompt only, the seq2seq framing inside one
+            stream: the decoding steps are the response (from the prompt's last token on, each predicting
+            the next token), the pointers start at the prompt's first and last tokens (`p_B`, `p_E`), and
+            positions before the response get the backbone's output alone. In training the prompt is what
+            precedes each row's first supervised label (or `prompt_mask` / `prompt_lengths`); in
+            `generate()` it is the prompt given. Other PANM heads ignore this field.
         **kwargs: the `PanmMemoryConfig` fields and `PreTrainedConfig`'s arguments.
     """
 
@@ -52,6 +63,7 @@ class PanmConfig(PreTrainedConfig, PanmMemoryConfig):
 
     text_config: dict | PreTrainedConfig | None = None
     placement: str = "stack"
+    causal_memory: str = "sequence"
     pad_token_id: int | None = None
     bos_token_id: int | None = None
     eos_token_id: int | list[int] | None = None
@@ -87,6 +99,11 @@ class PanmConfig(PreTrainedConfig, PanmMemoryConfig):
         PanmMemoryConfig.validate(self)
         if self.placement not in PLACEMENTS:
             raise ValueError(f"placement={self.placement!r} is not supported; choose one of {PLACEMENTS}.")
+        if self.causal_memory not in CAUSAL_MEMORIES:
+            raise ValueError(
+                f"causal_memory={self.causal_memory!r} is not supported; choose one of {CAUSAL_MEMORIES} "
+                '("sequence": every token so far, "prompt": the prompt only).'
+            )
         if self.placement == "replace" and self.panm_drop_path > 0:
             # "replace" feeds the logits from the Controller alone: a dropped sample would predict from zeros.
             raise ValueError(
@@ -110,4 +127,4 @@ class PanmConfig(PreTrainedConfig, PanmMemoryConfig):
         return PanmMemoryConfig(**{f.name: getattr(self, f.name) for f in fields(PanmMemoryConfig)})
 
 
-__all__ = ["PanmConfig"]
+__all__ = ["CAUSAL_MEMORIES", "PanmConfig"]

@@ -1,7 +1,9 @@
 """PanmForCausalLM: PANM's Controller after the last layer of any HF decoder-only LM.
 
-The autoregressive form of PANM (the paper's Dyck model, "masking M so the decoder only
-sees tokens up to the current step"):
+Two framings, chosen by ``PanmConfig.causal_memory``.
+
+``"sequence"`` (the default), the autoregressive form of PANM (the paper's Dyck model, "masking M
+so the decoder only sees tokens up to the current step"):
 
 * memory ``M``: the backbone's last hidden states (after its final norm, what the LM head
   reads) of the tokens so far; slot ``s`` holds token ``s``. Step ``t`` reads only slots
@@ -17,13 +19,30 @@ sees tokens up to the current step"):
   (the paper's Pointer Unit). Unit 1 is the end pointer ``p_E``; the end of a causal memory
   moves with every token, so unit 1 restarts from the newest slot (the current token) at
   every step and its attention reads relative to it. Further units start at ``p_B``.
-  ``h^c_0`` is computed from the first real slot (all a causal first step may see);
-* output: ``h_t + g^o(...)`` into the backbone's own LM head. ``g^o``'s last layer is
-  zero-initialised, so a freshly wrapped model returns exactly the backbone's logits
-  (``placement="stack"``, the only placement offered here).
+  ``h^c_0`` is computed from the first real slot (all a causal first step may see).
 
-Cached decoding (``generate()``) keeps the backbone's KV cache and PANM's state and memory
-in one ``PanmDynamicCache``; every cached token costs one PANM step and appends one slot.
+``"prompt"``, the seq2seq framing inside one stream (where PANM's copy mechanism works):
+
+* memory ``M``: the backbone's hidden states over the prompt only, bound once to addresses
+  ``p_B ..``; in training the prompt is what precedes a row's first supervised label
+  (``labels != -100``) or is given by ``prompt_mask`` / ``prompt_lengths``; in ``generate()``
+  it is the prompt given;
+* decoding steps: the response, from the prompt's last token on (each step predicts the next
+  token), with ``z_t`` the step token's hidden state; the pointers start at the prompt's first
+  and last tokens (``p_B``, ``p_E``) and move freely, and ``h^c_0`` is computed from the whole
+  prompt, exactly as ``PanmForSeq2SeqLM`` starts from the source. Positions before the
+  response get the backbone's output alone. Rows with different prompt and response lengths
+  are gathered into a left-aligned ``(batch, max_prompt, dim)`` memory and ``(batch,
+  max_response, dim)`` steps, and PANM's outputs are scattered back to the rows' positions.
+
+Either way the Pointer Units see addresses only (principle II), and the output is ``h_t +
+g^o(...)`` into the backbone's own LM head. ``g^o``'s last layer is zero-initialised, so a
+freshly wrapped model returns exactly the backbone's logits (``placement="stack"``, the only
+placement offered here).
+
+Cached decoding (``generate()``) keeps the backbone's KV cache and PANM's state and memory in
+one ``PanmDynamicCache``; every cached token costs one PANM step (and, with ``"sequence"``,
+appends one slot; with ``"prompt"`` the memory stays the prompt bound on the first forward).
 """
 
 from __future__ import annotations
@@ -48,7 +67,8 @@ class PanmCausalLMOutputWithPast(CausalLMOutputWithPast):
 
     Attributes:
         address_attentions: `(batch, steps, H^a, slots)` Mode-1 address attention per input position;
-            slots are the sample's real tokens in order (padding removed).
+            slots are the memory's tokens in order (padding removed): the sample's real tokens
+            (`causal_memory="sequence"`) or its prompt (`"prompt"`, zero at positions before the response).
         mode2_attentions: `(batch, steps, H^c, slots)` Mode-2 attention, slots as above.
     """
 
@@ -64,12 +84,85 @@ def _gather_steps(values: torch.Tensor | None, index: torch.Tensor) -> torch.Ten
     return values.gather(1, index)
 
 
+def _left_align(selected: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Where each row's selected positions go when gathered to the front, in order.
+
+    `selected (batch, length)` bool -> `(order, aligned_mask)`, both `(batch, width)` with `width` the
+    most positions any row selects (at least 1): `order[b, j]` is the position of row `b`'s `j`-th
+    selected one, and `aligned_mask[b, j]` is False past the row's own count.
+    """
+    order = torch.argsort((~selected).long(), dim=1, stable=True)  # (batch, length): selected positions first
+    width = max(int(selected.sum(dim=1).max()) if selected.shape[0] else 0, 1)
+    order = order[:, :width]  # (batch, width)
+    return order, selected.gather(1, order)
+
+
+def _put_back(values: torch.Tensor | None, order: torch.Tensor, aligned_mask: torch.Tensor, length: int):
+    """Undo `_left_align`: `values (batch, width, ...)` go to positions `order` of `(batch, length, ...)`;
+    padded entries and every other position hold 0."""
+    if values is None:
+        return None
+    trailing = [1] * (values.dim() - 2)
+    keep = aligned_mask.reshape(*aligned_mask.shape, *trailing)  # (batch, width, 1, ...)
+    values = torch.where(keep, values, values.new_zeros(()))  # (batch, width, ...)
+    index = order.reshape(*order.shape, *trailing).expand_as(values)  # (batch, width, ...)
+    return values.new_zeros(values.shape[0], length, *values.shape[2:]).scatter(1, index, values)
+
+
+def _check_prompt_lengths(prompt_lengths: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
+    """`prompt_lengths` as `(batch,)` long, checked against each row's `real` token count."""
+    lengths = torch.as_tensor(prompt_lengths, device=real.device)
+    if lengths.shape != real.shape or lengths.is_floating_point() or lengths.dtype == torch.bool:
+        raise ValueError(
+            f"prompt_lengths must be an integer tensor of shape ({real.shape[0]},), the number of real (unpadded) "
+            f"prompt tokens per row; got {lengths.dtype} {tuple(lengths.shape)}."
+        )
+    bad = ((lengths < 1) | (lengths > real)).nonzero()
+    if bad.numel():
+        row = int(bad[0, 0])
+        raise ValueError(
+            f"prompt_lengths[{row}]={int(lengths[row])} is out of range: a row's prompt holds at least 1 and at most "
+            f"all of its real tokens ({int(real[row])} in row {row}); padding does not count."
+        )
+    return lengths.long()
+
+
+def _prompt_lengths_from_mask(prompt_mask: torch.Tensor, mask: torch.Tensor, rank: torch.Tensor) -> torch.Tensor:
+    """The `(batch,)` prompt lengths a `prompt_mask` marks; it must mark a non-empty prefix of the real tokens."""
+    if tuple(prompt_mask.shape) != tuple(mask.shape):
+        raise ValueError(
+            f"prompt_mask must have the shape of the input tokens {tuple(mask.shape)}; got {tuple(prompt_mask.shape)}."
+        )
+    prompt = prompt_mask.to(mask.device).bool()
+    lengths = (prompt & mask).sum(dim=1)  # (batch,)
+    expected = mask & (rank < lengths.unsqueeze(1))  # (batch, length): the first `lengths` real tokens
+    if not torch.equal(prompt, expected) or bool((lengths < 1).any()):
+        raise ValueError(
+            "prompt_mask must mark a non-empty prefix of each row's real tokens: 1 on the prompt, 0 on the "
+            "response and on padding."
+        )
+    return lengths
+
+
+def _prompt_lengths_from_labels(labels: torch.Tensor, mask: torch.Tensor, rank: torch.Tensor) -> torch.Tensor:
+    """`(batch,)` real tokens before each row's first supervised label (all of them when none is)."""
+    if tuple(labels.shape) != tuple(mask.shape):
+        raise ValueError(
+            f"labels must have the shape of the input tokens {tuple(mask.shape)}; got {tuple(labels.shape)}."
+        )
+    # A row's first real token is never predicted (nothing precedes it), so its label cannot end the prompt.
+    supervised = (labels.to(mask.device) != -100) & mask & (rank >= 1)  # (batch, length)
+    real = mask.sum(dim=1, keepdim=True)  # (batch, 1)
+    return torch.where(supervised, rank, real).amin(dim=1)  # (batch,)
+
+
 class PanmForCausalLM(PanmPreTrainedModel, GenerationMixin):
     """An HF decoder-only LM with PANM's Controller added after its last layer.
 
     Args:
         config: a `PanmConfig` whose `text_config` is a supported causal LM
-            (see `panm_hf.backbones.CAUSAL_BACKBONES`); `placement` must be `"stack"`.
+            (see `panm_hf.backbones.CAUSAL_BACKBONES`); `placement` must be `"stack"`;
+            `causal_memory` picks the memory (every token so far, or the prompt).
         backbone: an already built `...ForCausalLM` (used by `from_backbone`); built from
             `config.text_config` when None.
 
@@ -85,11 +178,11 @@ class PanmForCausalLM(PanmPreTrainedModel, GenerationMixin):
                 f"PanmForCausalLM supports placement='stack' only (got placement={config.placement!r}): the "
                 "Controller is added after the last layer through a zero-initialised residual."
             )
-        if config.recurrence_kernel == "fused":
+        if config.recurrence_kernel == "fused" and not self.prompt_memory:
             raise ValueError(
-                'PanmForCausalLM cannot run recurrence_kernel="fused": causal decoding masks every step '
-                "differently (step t reads slots <= t only), which the fused kernel does not cover. Use "
-                'recurrence_kernel="auto" (fused where it applies) or "eager".'
+                'PanmForCausalLM cannot run recurrence_kernel="fused" with causal_memory="sequence": causal '
+                "decoding masks every step differently (step t reads slots <= t only), which the fused kernel does "
+                'not cover. Use recurrence_kernel="auto" (fused where it applies), "eager", or causal_memory="prompt".'
             )
         if backbone is None:
             backbone = AutoModelForCausalLM.from_config(config.text_config)
@@ -102,6 +195,11 @@ class PanmForCausalLM(PanmPreTrainedModel, GenerationMixin):
         hidden_size = get_path(config.text_config, self.parts.hidden_size)
         self.panm = PanmMemory(config, memory_dim=hidden_size, decoder_input_size=hidden_size, output_size=hidden_size)
         self.post_init()
+
+    @property
+    def prompt_memory(self) -> bool:
+        """True when PANM's memory is the prompt (`causal_memory="prompt"`), not every token so far."""
+        return getattr(self.config, "causal_memory", "sequence") == "prompt"
 
     def _zero_init_module(self) -> torch.nn.Module:
         # g^o's last layer: zero so that the residual starts at exactly 0.
@@ -127,69 +225,164 @@ class PanmForCausalLM(PanmPreTrainedModel, GenerationMixin):
         generation_config._panm_pad_columns = pads
         return generation_config, model_kwargs
 
+    def _prepare_model_inputs(self, inputs=None, bos_token_id=None, model_kwargs=None):
+        """With the prompt as memory, also pass `prompt_lengths` (each prompt's real tokens) to every forward:
+        without a cache every call sees the whole sequence so far and must know where the prompt ends."""
+        inputs_tensor, input_name, model_kwargs = super()._prepare_model_inputs(inputs, bos_token_id, model_kwargs)
+        given = model_kwargs.get("prompt_lengths") is not None or model_kwargs.get("prompt_mask") is not None
+        if self.prompt_memory and not given:
+            mask = model_kwargs.get("attention_mask")
+            if mask is not None and mask.dim() == 2 and mask.shape[1] == inputs_tensor.shape[1]:
+                model_kwargs["prompt_lengths"] = mask.bool().sum(dim=1)  # (batch,)
+            else:
+                model_kwargs["prompt_lengths"] = torch.full(
+                    (inputs_tensor.shape[0],), inputs_tensor.shape[1], dtype=torch.long, device=inputs_tensor.device
+                )  # (batch,)
+        return inputs_tensor, input_name, model_kwargs
+
     def _validate_generated_length(self, generation_config, input_ids_length, has_default_max_length):
-        """Also check that prompt + new tokens fit in `2^address_bits` slots; padding columns shared by every
-        prompt are not memory and do not count. Runs inside generate() once max_length is final and before
-        any token is generated."""
+        """Also check that PANM's memory fits in `2^address_bits` slots: prompt + new tokens (`"sequence"`) or
+        the prompt (`"prompt"`); padding columns shared by every prompt are not memory and do not count. Runs
+        inside generate() once max_length is final and before any token is generated."""
         super()._validate_generated_length(generation_config, input_ids_length, has_default_max_length)
         pads = getattr(generation_config, "_panm_pad_columns", 0)
-        slots = generation_config.max_length - pads
+        new_tokens = generation_config.max_length - input_ids_length
+        slots = input_ids_length - pads + (0 if self.prompt_memory else new_tokens)
         if slots > self.panm.max_slots:
             bits = max(1, (slots - 1).bit_length())
-            prompt = input_ids_length - pads
+            what = f"the prompt's {input_ids_length - pads}" + ("" if self.prompt_memory else f" plus {new_tokens} new")
             raise ValueError(
-                f"generate() would put up to {slots} tokens (the prompt's {prompt} "
-                f"plus {generation_config.max_length - input_ids_length} new) in PANM's causal memory, but "
+                f"generate() would put up to {slots} tokens ({what}) in PANM's causal memory, but "
                 f"address_bits={self.panm.address_bits} gives only {self.panm.max_slots} addresses; "
                 f"{bits} address bits are needed: set PanmConfig.address_bits >= {bits} or generate fewer tokens."
             )
 
-    # -- forward ---------------------------------------------------------------------------------
+    # -- PANM over the new tokens ----------------------------------------------------------------
     def _panm_prefill(
+        self, hidden: torch.Tensor, mask: torch.Tensor, base_address: torch.Tensor | None, output_attentions: bool
+    ) -> tuple[torch.Tensor, PanmMemoryOutput]:
+        """`"sequence"`: PANM over a whole sequence: left-align the real tokens, decode causally, put outputs back."""
+        batch_size, length, _ = hidden.shape
+        order, aligned_mask = _left_align(mask)  # (batch, real) each: an all-padding batch decodes one masked step
+        aligned = _gather_steps(hidden, order)  # (batch, real, dim)
+        memory = self.panm.bind(aligned, aligned_mask, base_address=base_address)
+        positions = torch.arange(order.shape[1], device=hidden.device).expand(batch_size, -1)  # (batch, real)
+        out = self.panm(memory, aligned, causal_positions=positions, output_attentions=output_attentions)
+        out.address_attentions = _put_back(out.address_attentions, order, aligned_mask, length)
+        out.mode2_attentions = _put_back(out.mode2_attentions, order, aligned_mask, length)
+        return _put_back(out.hidden_states, order, aligned_mask, length), out  # (batch, length, dim)
+
+    def _prompt_prefill(
         self,
         hidden: torch.Tensor,
         mask: torch.Tensor,
+        prompt_lengths: torch.Tensor,
         base_address: torch.Tensor | None,
         output_attentions: bool,
     ) -> tuple[torch.Tensor, PanmMemoryOutput]:
-        """PANM over a whole sequence: left-align the real tokens, decode causally, put outputs back."""
-        batch_size, length, _ = hidden.shape
-        # (batch, length): the positions of each sample's real tokens first (in order), then its padding
-        order = torch.argsort((~mask).long(), dim=1, stable=True)
-        inverse = torch.argsort(order, dim=1)  # (batch, length): aligned index of every position
-        real = int(mask.sum(dim=1).max()) if batch_size else 0
-        real = max(real, 1)  # an all-padding batch still decodes one (masked) step
-        aligned = _gather_steps(hidden, order[:, :real])  # (batch, real, dim)
-        aligned_mask = mask.gather(1, order[:, :real])  # (batch, real), real slots first
-        memory = self.panm.bind(aligned, aligned_mask, base_address=base_address)
-        positions = torch.arange(real, device=hidden.device).expand(batch_size, -1)  # (batch, real)
-        out = self.panm(memory, aligned, causal_positions=positions, output_attentions=output_attentions)
-        pad = length - real
-        outputs = torch.nn.functional.pad(out.hidden_states, (0, 0, 0, pad))  # (batch, length, dim)
-        outputs = _gather_steps(outputs, inverse) * mask.unsqueeze(-1).to(outputs.dtype)  # (batch, length, dim)
-        if output_attentions:
-            out.address_attentions = _gather_steps(
-                torch.nn.functional.pad(out.address_attentions, (0, 0, 0, 0, 0, pad)), inverse
-            )  # (batch, length, units, real)
-            if out.mode2_attentions is not None:
-                out.mode2_attentions = _gather_steps(
-                    torch.nn.functional.pad(out.mode2_attentions, (0, 0, 0, 0, 0, pad)), inverse
-                )  # (batch, length, heads, real)
-        return outputs, out
+        """`"prompt"`: bind each row's prompt as the memory, decode its response steps, put outputs back."""
+        length = hidden.shape[1]
+        rank = mask.long().cumsum(dim=1) - 1  # (batch, length): each real token's index among its row's
+        in_prompt = mask & (rank < prompt_lengths.unsqueeze(1))  # (batch, length)
+        is_step = mask & (rank >= prompt_lengths.unsqueeze(1) - 1)  # (batch, length): the prompt's last token on
+        prompt_order, memory_mask = _left_align(in_prompt)  # (batch, max_prompt) each
+        memory_mask[:, 0] = True  # a row without tokens binds one unused slot (no softmax over nothing)
+        memory = self.panm.bind(_gather_steps(hidden, prompt_order), memory_mask, base_address=base_address)
+        step_order, step_mask = _left_align(is_step)  # (batch, max_response) each
+        steps = _gather_steps(hidden, step_order)  # (batch, max_response, dim): z_t of the response steps
+        out = self.panm(memory, steps, output_attentions=output_attentions)
+        if not bool(step_mask.all()):  # padded steps ran after the short rows' last one: the end state is not theirs
+            out.state = None
+        out.address_attentions = _put_back(out.address_attentions, step_order, step_mask, length)
+        out.mode2_attentions = _put_back(out.mode2_attentions, step_order, step_mask, length)
+        return _put_back(out.hidden_states, step_order, step_mask, length), out  # (batch, length, dim)
 
-    def _panm_step(
+    def _cached_step(
         self, hidden: torch.Tensor, mask: torch.Tensor, cache: PanmDynamicCache, output_attentions: bool
     ) -> tuple[torch.Tensor, PanmMemoryOutput]:
-        """PANM for new tokens after cached ones: append them to the memory, one PANM step each."""
+        """New tokens after cached ones, one PANM step each; `"sequence"` also appends them to the memory."""
         if not bool(mask.all()):
             raise ValueError(
                 "attention_mask marks some of the new tokens of a cached call as padding; PanmForCausalLM pads "
                 "on the left only: pad the prompt, and pass only real tokens after it."
             )
+        if self.prompt_memory:
+            out = self.panm(cache.panm_memory, hidden, state=cache.panm_state, output_attentions=output_attentions)
+            return out.hidden_states, out
         memory, state, positions = self.panm.append(cache.panm_memory, hidden, cache.panm_state)
         out = self.panm(memory, hidden, state=state, causal_positions=positions, output_attentions=output_attentions)
         return out.hidden_states, out
 
+    def _prompt_lengths(self, mask, labels, prompt_mask, prompt_lengths) -> torch.Tensor:
+        """`(batch,)` real prompt tokens per row: from `prompt_mask`, `prompt_lengths`, `labels`, else all of them."""
+        if prompt_mask is not None and prompt_lengths is not None:
+            raise ValueError("Got both prompt_mask and prompt_lengths; pass one of them.")
+        rank = mask.long().cumsum(dim=1) - 1  # (batch, length): each real token's index among its row's
+        if prompt_mask is not None:
+            return _prompt_lengths_from_mask(prompt_mask, mask, rank)
+        if prompt_lengths is not None:
+            return _check_prompt_lengths(prompt_lengths, mask.sum(dim=1))
+        if labels is not None:
+            return _prompt_lengths_from_labels(labels, mask, rank)
+        return mask.sum(dim=1)
+
+    def _panm(
+        self,
+        hidden: torch.Tensor,
+        mask: torch.Tensor,
+        cache: PanmDynamicCache | None,
+        past_length: int,
+        prompt: dict,
+        base_address: torch.Tensor | None,
+        output_attentions: bool,
+    ) -> tuple[torch.Tensor, PanmMemoryOutput]:
+        """PANM's output for the new tokens (0 where it adds nothing), continuing from and updating the cache.
+
+        `prompt` holds `labels`, `prompt_mask` and `prompt_lengths`, read on a first (uncached) call only."""
+        given = [name for name in ("prompt_mask", "prompt_lengths") if prompt[name] is not None]
+        if given and not self.prompt_memory:
+            raise ValueError(
+                f"{given[0]} is read only with causal_memory='prompt' (this model has "
+                f"causal_memory={self.config.causal_memory!r}); set PanmConfig.causal_memory='prompt' or drop it."
+            )
+        if cache is not None and cache.panm_memory is not None:
+            if cache.panm_state is None:
+                raise ValueError(
+                    "past_key_values comes from a forward whose rows' responses had different lengths; PANM's state "
+                    "after each row's own last step was not kept, so decoding cannot continue from it. Prefill with "
+                    "the prompts alone (as generate() does) or with responses of one length."
+                )
+            if cache.panm_steps != past_length:
+                raise ValueError(
+                    f"past_key_values holds {past_length} cached tokens but PANM state for {cache.panm_steps}; "
+                    "pass the PanmDynamicCache returned by this model."
+                )
+            panm_hidden, out = self._cached_step(hidden, mask, cache, output_attentions)
+        elif past_length:
+            raise ValueError(
+                f"past_key_values holds {past_length} cached tokens but no PANM state; pass the "
+                "PanmDynamicCache returned by this model (not a backbone-only cache)."
+            )
+        elif self.prompt_memory:
+            lengths = self._prompt_lengths(mask, **prompt)
+            panm_hidden, out = self._prompt_prefill(hidden, mask, lengths, base_address, output_attentions)
+        else:
+            panm_hidden, out = self._panm_prefill(hidden, mask, base_address, output_attentions)
+        if cache is not None:
+            cache.panm_state, cache.panm_memory = out.state, out.memory
+            cache.panm_steps = past_length + hidden.shape[1]
+        return panm_hidden, out
+
+    @staticmethod
+    def _loss(logits: torch.Tensor, labels: torch.LongTensor | None) -> torch.Tensor | None:
+        """Mean next-token cross-entropy over the labels that are not -100 (token t predicts t + 1)."""
+        if labels is None:
+            return None
+        shift_logits = logits[:, :-1].float()  # (batch, new - 1, vocab)
+        shift_labels = labels[:, 1:].to(logits.device)  # (batch, new - 1)
+        return torch.nn.functional.cross_entropy(shift_logits.flatten(0, 1), shift_labels.flatten(), ignore_index=-100)
+
+    # -- forward ---------------------------------------------------------------------------------
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -203,6 +396,8 @@ class PanmForCausalLM(PanmPreTrainedModel, GenerationMixin):
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
         base_address: torch.LongTensor | None = None,
+        prompt_mask: torch.Tensor | None = None,
+        prompt_lengths: torch.LongTensor | None = None,
         **kwargs,
     ) -> PanmCausalLMOutputWithPast | tuple:
         r"""Causal LM forward with PANM after the backbone's last layer.
@@ -216,8 +411,14 @@ class PanmForCausalLM(PanmPreTrainedModel, GenerationMixin):
                 the backbone's KV cache and PANM's state and memory; also accepted as `cache`, its
                 name from transformers 5.24 on.
             labels: `(batch, length)` targets aligned with `input_ids` (shifted inside, as in HF causal
-                LMs); `-100` is ignored by the loss.
+                LMs); `-100` is ignored by the loss. With `causal_memory="prompt"` and no `prompt_mask` /
+                `prompt_lengths`, each row's prompt is what precedes its first supervised label.
             base_address: `(batch,)` PANM base addresses; default random in training, 0 in eval.
+            prompt_mask: `(batch, length)`, `causal_memory="prompt"` only: 1 on each row's prompt, a
+                non-empty prefix of its real tokens. Read on the first (uncached) call.
+            prompt_lengths: `(batch,)` integers, `causal_memory="prompt"` only: each row's number of real
+                (unpadded) prompt tokens, the alternative to `prompt_mask`; `generate()` passes the
+                prompt's. Without either (and without labels) the whole input is the prompt.
             output_attentions: also return PANM's address and Mode-2 attention maps.
             output_hidden_states: also return the hidden states; they end with PANM's output added to
                 the backbone's last state (what the LM head reads), after the backbone's own.
@@ -227,8 +428,6 @@ class PanmForCausalLM(PanmPreTrainedModel, GenerationMixin):
         if labels is not None and past_key_values is None:
             use_cache = False
         use_cache = use_cache if use_cache is not None else getattr(self.config.text_config, "use_cache", True)
-        extra = self._output_flags(output_attentions, output_hidden_states)
-
         cache = PanmDynamicCache.from_cache(past_key_values) if use_cache else None
         past_length = cache.get_seq_length() if cache is not None else 0
         body_outputs = self.get_decoder()(
@@ -238,49 +437,24 @@ class PanmForCausalLM(PanmPreTrainedModel, GenerationMixin):
             **{BACKBONE_CACHE_KWARG: cache},
             inputs_embeds=inputs_embeds,
             use_cache=use_cache,
-            **extra,
+            **self._output_flags(output_attentions, output_hidden_states),
         )
         hidden = body_outputs.last_hidden_state  # (batch, new, dim): memory slots and z_t alike
-        batch_size, new_length, _ = hidden.shape
         if attention_mask is not None:
-            mask = attention_mask[:, -new_length:].bool()  # (batch, new)
+            mask = attention_mask[:, -hidden.shape[1] :].bool()  # (batch, new)
         else:
-            mask = torch.ones(batch_size, new_length, dtype=torch.bool, device=hidden.device)
-
-        if cache is not None and cache.panm_state is not None:
-            if cache.panm_steps != past_length:
-                raise ValueError(
-                    f"past_key_values holds {past_length} cached tokens but PANM state for {cache.panm_steps}; "
-                    "pass the PanmDynamicCache returned by this model."
-                )
-            panm_hidden, panm_output = self._panm_step(hidden, mask, cache, bool(output_attentions))
-        else:
-            if past_length:
-                raise ValueError(
-                    f"past_key_values holds {past_length} cached tokens but no PANM state; pass the "
-                    "PanmDynamicCache returned by this model (not a backbone-only cache)."
-                )
-            panm_hidden, panm_output = self._panm_prefill(hidden, mask, base_address, bool(output_attentions))
-        if cache is not None:
-            cache.panm_state, cache.panm_memory = panm_output.state, panm_output.memory
-            cache.panm_steps = past_length + new_length
-
+            mask = torch.ones(hidden.shape[:2], dtype=torch.bool, device=hidden.device)  # (batch, new)
+        prompt = {"labels": labels, "prompt_mask": prompt_mask, "prompt_lengths": prompt_lengths}
+        panm_hidden, panm_output = self._panm(
+            hidden, mask, cache, past_length, prompt, base_address, bool(output_attentions)
+        )
         head_input = hidden + panm_hidden.to(hidden.dtype)  # (batch, new, dim): what the LM head reads
         logits = get_path(self.backbone, self.parts.lm_head)(head_input)  # (batch, new, vocab)
         hidden_states = getattr(body_outputs, "hidden_states", None)
         if hidden_states is not None:  # PANM is the last layer: what the LM head reads comes last
             hidden_states = (*hidden_states, head_input)
-
-        loss = None
-        if labels is not None:
-            shift_logits = logits[:, :-1].float()  # (batch, new - 1, vocab): token t predicts t + 1
-            shift_labels = labels[:, 1:].to(logits.device)  # (batch, new - 1)
-            loss = torch.nn.functional.cross_entropy(
-                shift_logits.flatten(0, 1), shift_labels.flatten(), ignore_index=-100
-            )
-
         output = PanmCausalLMOutputWithPast(
-            loss=loss,
+            loss=self._loss(logits, labels),
             logits=logits,
             **{BACKBONE_CACHE_KWARG: cache},
             hidden_states=hidden_states,

@@ -43,3 +43,33 @@ def test_smoke_run_writes_the_per_length_table(tmp_path):
     hits = results["models"]["panm_shift"]["pointer_hits"]["5"]  # the diagnosis: reads landing on the source slot
     assert set(hits) == {"unit0", "unit1", "mode2"} and all(0.0 <= value <= 1.0 for value in hits.values())
     assert "| panm_shift | 3 |" in (tmp_path / "results.md").read_text()
+
+
+def test_prompt_memory_models_train_equal_steps_and_report_pointer_hits():
+    """`--causal_memory prompt`: PANM's memory is the prompt `BOS x SEP`; every model trains `--max_steps` steps."""
+    from types import SimpleNamespace
+
+    from run_causal_lm import build, pointer_hits, train
+
+    model = build("panm_shift", "smoke", 0, 6, "llama", "prompt")
+    assert model.config.causal_memory == "prompt" and model.config.pointer_update == "shift"
+    args = SimpleNamespace(task="copy", batch_size=4, train_length=3, max_steps=2, time_budget=None, lr=1e-3,
+                           log_every=1)  # fmt: skip
+    assert train(model, args, torch.Generator().manual_seed(0))["steps"] == 2
+    input_ids, _, labels = lm_batch("copy", 4, 3, torch.Generator().manual_seed(1))
+    hits = pointer_hits(model.eval(), "copy", input_ids, labels, 3)
+    assert set(hits) == {"unit0", "unit1", "mode2"} and all(0.0 <= value <= 1.0 for value in hits.values())
+
+
+@pytest.mark.smoke
+def test_smoke_run_with_the_prompt_as_memory(tmp_path):
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "causal_lm" / "run_causal_lm.py"), "--smoke", "--task", "reverse",
+         "--causal_memory", "prompt", "--output_dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["causal_memory"] == "prompt" and results["task"] == "reverse"
+    assert {run["steps"] for run in results["models"].values()} == {3}  # equal steps, not equal wall clock
+    assert set(results["models"]["panm"]["pointer_hits"]["5"]) == {"unit0", "unit1", "mode2"}

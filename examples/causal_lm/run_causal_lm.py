@@ -1,21 +1,23 @@
-"""Length generalisation of a decoder-only LM, with and without PANM (issue 16's example).
+"""Length generalisation of a decoder-only LM, with and without PANM (issues 16 and 38).
 
 An algorithmic task of the suite (`research/algorithmic.py`) framed as language modelling:
 each sample is one token sequence ``BOS x_1 .. x_l SEP y_1 .. y_l`` (Copy: ``y = x``; Reverse:
-``y`` reversed), the loss is on the ``y`` part only (``-100`` elsewhere). A small GPT-2 built
-from its config (learned position embeddings) is trained on ``l`` in ``1..L`` for a fixed
-wall-clock budget per model, then prompted with ``BOS x SEP`` and decoded greedily (with the
-cache) for ``l`` tokens at longer test lengths. Models: the GPT-2 alone (``backbone``), the
-same GPT-2 wrapped by `PanmForCausalLM` with the paper's Pointer Unit (``panm``) and with
-content-free pointer arithmetic (``panm_shift``, `pointer_update="shift"`).
+``y`` reversed), the loss is on the ``y`` part only (``-100`` elsewhere), so the prompt is
+``BOS x SEP``. A small GPT-2 (learned position embeddings) or Llama (rotary) built from its
+config is trained on ``l`` in ``1..L`` for the same number of steps per model (``--max_steps``;
+``--time_budget`` adds an optional wall-clock cap), then prompted with ``BOS x SEP`` and decoded
+greedily (with the cache) for ``l`` tokens at longer test lengths. Models: the backbone alone
+(``backbone``), the same backbone wrapped by `PanmForCausalLM` with the paper's Pointer Unit
+(``panm``) and with content-free pointer arithmetic (``panm_shift``, `pointer_update="shift"`).
+``--causal_memory`` picks PANM's memory: every token so far (``sequence``) or the prompt
+(``prompt``, the seq2seq framing: the pointers start at ``BOS`` and ``SEP``).
 
-    python examples/causal_lm/run_causal_lm.py                    # Copy, 3 models, 240 s each
-    python examples/causal_lm/run_causal_lm.py --task reverse --time-budget 600
-    python examples/causal_lm/run_causal_lm.py --backbone llama   # rotary instead of learned positions
-    python examples/causal_lm/run_causal_lm.py --smoke --output-dir /tmp/causal_smoke
+    python examples/causal_lm/run_causal_lm.py --causal_memory prompt            # Copy, 3 models, 3,000 steps
+    python examples/causal_lm/run_causal_lm.py --causal_memory prompt --task reverse --backbone llama
+    python examples/causal_lm/run_causal_lm.py --smoke --output_dir /tmp/causal_smoke
 
 Writes ``results.json`` (per model: steps, time, loss, token and sequence accuracy per test
-length) and ``results.md`` (the per-length table) into ``--output-dir``.
+length, pointer hits) and ``results.md`` (the per-length table) into ``--output_dir``.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
 from panm_hf import PanmForCausalLM
+from panm_hf.configuration_panm import CAUSAL_MEMORIES
 from research.algorithmic import NUM_TOKENS, make_batch
 
 SEP, BOS, PAD = NUM_TOKENS, NUM_TOKENS + 1, NUM_TOKENS + 2  # tokens 0..9 are the task's symbols
@@ -74,8 +77,11 @@ def lm_batch(task: str, batch_size: int, length: int | tuple[int, int], generato
     return input_ids[:, :width], attention_mask[:, :width], labels[:, :width]
 
 
-def build(name: str, size: str, seed: int, address_bits: int, backbone_type: str = "gpt2"):
-    """The backbone (GPT-2: learned absolute positions; Llama: rotary positions), alone or wrapped."""
+def build(
+    name: str, size: str, seed: int, address_bits: int, backbone_type: str = "gpt2", causal_memory: str = "sequence"
+):
+    """The backbone (GPT-2: learned absolute positions; Llama: rotary positions), alone or wrapped with PANM
+    whose memory is `causal_memory` (every token so far, or the prompt)."""
     torch.manual_seed(seed)
     ids = dict(vocab_size=VOCAB, bos_token_id=BOS, eos_token_id=PAD, pad_token_id=PAD)
     if backbone_type == "llama":
@@ -86,18 +92,24 @@ def build(name: str, size: str, seed: int, address_bits: int, backbone_type: str
     if MODELS[name] is None:
         return backbone
     return PanmForCausalLM.from_backbone(
-        backbone, pointer_update=MODELS[name], address_bits=address_bits, **SIZES[size]["panm"]
+        backbone,
+        pointer_update=MODELS[name],
+        address_bits=address_bits,
+        causal_memory=causal_memory,
+        **SIZES[size]["panm"],
     )
 
 
 @torch.no_grad()
-def pointer_hits(model, task: str, input_ids: torch.Tensor, length: int) -> dict:
+def pointer_hits(model, task: str, input_ids: torch.Tensor, labels: torch.Tensor, length: int) -> dict:
     """Diagnosis: how often each PANM read's argmax is the slot holding the token to output.
 
     Teacher-forced; step `t = L + 1 + j` predicts `y_j`, whose source is slot `1 + j` (Copy) or
-    `L - j` (Reverse). Keys: `unit0` (base pointer), `unit1` (end pointer), `mode2`.
+    `L - j` (Reverse); the slots are the tokens from `BOS` on with either memory (the prompt
+    `BOS x SEP` comes first, found from the labels). Keys: `unit0` (base pointer), `unit1` (end
+    pointer), `mode2`.
     """
-    out = model(input_ids=input_ids, output_attentions=True)
+    out = model(input_ids=input_ids, labels=labels, output_attentions=True)
     steps = torch.arange(length + 1, 2 * length + 1)  # (L,) the steps that predict y
     j = steps - length - 1
     source = 1 + j if task == "copy" else length - j  # (L,)
@@ -117,7 +129,7 @@ def evaluate(model, task: str, length: int, samples: int, batch_size: int, seed:
     for start in range(0, samples, batch_size):
         input_ids, _, labels = lm_batch(task, min(batch_size, samples - start), length, generator)
         if isinstance(model, PanmForCausalLM):
-            hits.append(pointer_hits(model, task, input_ids, length))
+            hits.append(pointer_hits(model, task, input_ids, labels, length))
         prompt = input_ids[:, : length + 2]  # (batch, L + 2): BOS x SEP
         out = model.generate(input_ids=prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=length,
                              min_new_tokens=length, do_sample=False, num_beams=1, pad_token_id=PAD)  # fmt: skip
@@ -133,7 +145,8 @@ def train(model, args, generator: torch.Generator) -> dict:
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     model.train()
     started, steps, losses = time.perf_counter(), 0, []
-    while steps < args.max_steps and time.perf_counter() - started < args.time_budget:
+    budget = args.time_budget if args.time_budget is not None else float("inf")
+    while steps < args.max_steps and time.perf_counter() - started < budget:
         input_ids, attention_mask, labels = lm_batch(args.task, args.batch_size, (1, args.train_length), generator)
         loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
         optimizer.zero_grad()
@@ -164,13 +177,17 @@ def markdown(results: dict) -> str:
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--task", default="copy", choices=["copy", "reverse"])
+    parser.add_argument("--causal_memory", "--causal-memory", default="sequence", choices=list(CAUSAL_MEMORIES),
+                        help="PANM's memory: every token so far (sequence) or the prompt BOS x SEP (prompt)")
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     parser.add_argument("--backbone", default="gpt2", choices=["gpt2", "llama"],
                         help="gpt2: learned absolute positions (the issue's example); llama: rotary positions")
     parser.add_argument("--train-length", type=int, default=9, help="L: training lengths are 1..L")
     parser.add_argument("--test-lengths", type=int, nargs="+", default=None, help="default L, L+1, 2(L+1), 4(L+1)")
-    parser.add_argument("--time-budget", type=float, default=240.0, help="training seconds per model")
-    parser.add_argument("--max-steps", type=int, default=100_000)
+    parser.add_argument("--max_steps", "--max-steps", type=int, default=3000,
+                        help="training steps, the same for every model")
+    parser.add_argument("--time_budget", "--time-budget", type=float, default=None,
+                        help="optional cap on training seconds per model (off by default: equal steps, not time)")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--address-bits", type=int, default=10)
@@ -178,7 +195,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--log-every", type=int, default=100)
-    parser.add_argument("--output-dir", default="outputs/causal_lm")
+    parser.add_argument("--output_dir", "--output-dir", default="outputs/causal_lm")
     parser.add_argument("--smoke", action="store_true", help="tiny models, a few steps, 2 short test lengths")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -188,13 +205,14 @@ def main(argv: list[str] | None = None) -> dict:
         args.test_lengths = args.test_lengths or [3, 5]
     lengths = args.test_lengths or [args.train_length, args.train_length + 1, 2 * (args.train_length + 1),
                                     4 * (args.train_length + 1)]  # fmt: skip
-    results = {"task": args.task, "backbone": args.backbone, "train_length": args.train_length,
+    results = {"task": args.task, "backbone": args.backbone, "causal_memory": args.causal_memory,
+               "train_length": args.train_length,
                "test_lengths": lengths, "args": vars(args),
                "machine": f"{platform.machine()} {platform.processor() or ''}, torch threads {args.threads}",
                "models": {}}  # fmt: skip
     for name in args.models:
         print(f"== {name}", flush=True)
-        model = build(name, size, args.seed, args.address_bits, args.backbone)
+        model = build(name, size, args.seed, args.address_bits, args.backbone, args.causal_memory)
         run = train(model, args, torch.Generator().manual_seed(args.seed))
         run["parameters"] = sum(p.numel() for p in model.parameters())
         run["token_accuracy"], run["sequence_accuracy"], run["pointer_hits"] = {}, {}, {}
