@@ -120,7 +120,9 @@ print("OK")
 def test_triton_setting_runs_the_triton_port_on_cpu_under_the_interpreter():
     """`recurrence_kernel="triton"` on CPU tensors (Triton's interpreter): values and gradients against the C
     kernel and the eager loop, float64 and float32."""
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join(sys.path))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository, for panm_hf
+    paths = [root, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join(paths))
     tests = os.path.dirname(__file__)
     result = subprocess.run([sys.executable, "-c", TRITON_RUN], capture_output=True, text=True, env=env, timeout=600,
                             cwd=tests)  # fmt: skip
