@@ -54,6 +54,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, GenerationMixin, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
+from .addressing import check_capacity
 from .backbones import causal_parts, get_path
 from .cache_panm import BACKBONE_CACHE_KWARG, PanmDynamicCache, pop_cache_argument
 from .configuration_panm import PanmConfig
@@ -248,14 +249,13 @@ class PanmForCausalLM(PanmPreTrainedModel, GenerationMixin):
         pads = getattr(generation_config, "_panm_pad_columns", 0)
         new_tokens = generation_config.max_length - input_ids_length
         slots = input_ids_length - pads + (0 if self.prompt_memory else new_tokens)
-        if slots > self.panm.max_slots:
-            bits = max(1, (slots - 1).bit_length())
-            what = f"the prompt's {input_ids_length - pads}" + ("" if self.prompt_memory else f" plus {new_tokens} new")
-            raise ValueError(
-                f"generate() would put up to {slots} tokens ({what}) in PANM's causal memory, but "
-                f"address_bits={self.panm.address_bits} gives only {self.panm.max_slots} addresses; "
-                f"{bits} address bits are needed: set PanmConfig.address_bits >= {bits} or generate fewer tokens."
-            )
+        what = f"the prompt's {input_ids_length - pads}" + ("" if self.prompt_memory else f" plus {new_tokens} new")
+        check_capacity(
+            slots,
+            self.panm.address_bits,
+            holds=f"generate() would put up to {slots} tokens ({what}) in PANM's causal memory,",
+            fix="{bits} address bits are needed: set PanmConfig.address_bits >= {bits} or generate fewer tokens",
+        )
 
     # -- PANM over the new tokens ----------------------------------------------------------------
     def _panm_prefill(
@@ -352,11 +352,7 @@ class PanmForCausalLM(PanmPreTrainedModel, GenerationMixin):
                     "after each row's own last step was not kept, so decoding cannot continue from it. Prefill with "
                     "the prompts alone (as generate() does) or with responses of one length."
                 )
-            if cache.panm_steps != past_length:
-                raise ValueError(
-                    f"past_key_values holds {past_length} cached tokens but PANM state for {cache.panm_steps}; "
-                    "pass the PanmDynamicCache returned by this model."
-                )
+            cache.panm_resume(past_length, "pass the PanmDynamicCache returned by this model.")
             panm_hidden, out = self._cached_step(hidden, mask, cache, output_attentions)
         elif past_length:
             raise ValueError(
@@ -369,8 +365,7 @@ class PanmForCausalLM(PanmPreTrainedModel, GenerationMixin):
         else:
             panm_hidden, out = self._panm_prefill(hidden, mask, base_address, output_attentions)
         if cache is not None:
-            cache.panm_state, cache.panm_memory = out.state, out.memory
-            cache.panm_steps = past_length + hidden.shape[1]
+            cache.panm_store(out.state, out.memory, past_length, hidden.shape[1])
         return panm_hidden, out
 
     @staticmethod

@@ -20,7 +20,14 @@ SKIPPED_DIRS = {".venv", ".git", "build", "dist", "node_modules", "__pycache__"}
 
 
 def python_files() -> list[Path]:
-    """The repository's own .py files (no virtualenv, build output or hidden folder)."""
+    """The repository's own .py files: git's tracked and not-ignored ones (no run outputs, virtualenv or build
+    output); outside a git checkout, every .py file but those in hidden or build folders."""
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "*.py"],
+        cwd=ROOT, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    if listed.returncode == 0 and listed.stdout.strip():
+        return sorted(ROOT / name for name in listed.stdout.split("\n") if name and (ROOT / name).is_file())
     return sorted(
         path for path in ROOT.rglob("*.py")
         if not any(part in SKIPPED_DIRS or part.startswith(".") for part in path.relative_to(ROOT).parts[:-1])

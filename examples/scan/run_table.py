@@ -39,6 +39,7 @@ DESIGNS = {
     # the decoder's positions start at a random offset in training (PANM's random base address, for the decoder)
     "transformer_offset": ["--model", "transformer", "--decoder_positions", "offset"],
     "panm_offset": ["--model", "panm", "--decoder_positions", "offset"],
+    "panm_stack_offset": ["--model", "panm", "--decoder_positions", "offset", "--placement", "stack"],
     "panm_nope_cr": ["--model", "panm", "--decoder_positions", "none", "--content_read", "decoder"],
     "panm_nope_stack": ["--model", "panm", "--decoder_positions", "none", "--placement", "stack"],
     # the translation and math examples' design (docs/results/transformer_integration.md), 128-wide GRUs
