@@ -2,8 +2,8 @@
 
 import importlib
 import json
-import os
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path

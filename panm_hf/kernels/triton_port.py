@@ -260,7 +260,8 @@ def pointer_backward_triton(grad_weights, grad_pointers, grad_hidden, keys, bank
     d_bank_rows, d_tau_rows = new(batch, units, slots, bits), new(batch * units)
     factors = (new(units, size, rows), new(units, bits, rows), new(units, rows, 3 * size), new(units, rows, 3 * size))
     _launch(
-        _pointer_backward_kernel, (batch * units,), keys, keys.stride(0), keys.stride(1), bank.contiguous(), mask.to(torch.uint8).contiguous(),
+        _pointer_backward_kernel, (batch * units,),
+        keys, keys.stride(0), keys.stride(1), bank.contiguous(), mask.to(torch.uint8).contiguous(),
         input_weight.contiguous(), hidden_weight.contiguous(), tau, hidden_states, pointer_states, gates, norms,
         probs, *grads, d_p0, d_h0, d_keys, d_bank_rows, d_tau_rows, *factors, new(batch * units, size),
         units, batch, steps, slots, bits, size, COSINE=cosine, **_blocks(size, slots, bits),
