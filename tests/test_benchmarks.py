@@ -3,6 +3,7 @@
 import importlib
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -112,3 +113,38 @@ def test_op_breakdown_attributes_the_pointer_loop_and_shows_it_fused():
     assert counts["eager"]["backbone + loss (forward)"] == counts["fused"]["backbone + loss (forward)"]
     timing = lines[-1]  # the fused run's --time line
     assert timing.startswith("lstm: training step ms") and all(n in timing for n in ("backbone", "eager", "fused"))
+
+
+TRITON_COUNT = """
+import torch
+import overhead
+from test_fused_recurrence import units_and_inputs, values_and_grads
+from panm_hf.kernels import triton_port
+
+for steps, batch in ((2, 3), (9, 5)):
+    module, inputs = units_and_inputs(2, batch, 6, steps, dtype=torch.float32)
+    counts = {}
+    for kernel in ("fused", "triton"):
+        counter, launches = overhead.OpCounter(), triton_port.launches
+        with counter:
+            values_and_grads(module, kernel, inputs)
+        counts[kernel] = (counter.count, triton_port.launches - launches)
+    print(steps, batch, counts)
+    # the C path: one op forward, one backward; the Triton path: one launch each, and the wrappers' glue
+    # (forward 8 allocations, the uint8 mask, the temperature view; backward 10 allocations, the mask, the view,
+    # three gradient reductions and the weight-factor views), independent of steps and batch: the aten ops
+    # Triton's interpreter runs inside a launch (over a hundred) are not counted
+    assert counts == {"fused": (53, 0), "triton": (79, 2)}, counts
+print("OK")
+"""
+
+
+@pytest.mark.triton
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
+def test_op_counter_counts_a_triton_launch_as_one_op_and_its_glue():
+    """`--recurrence-kernel triton`'s proxy: each Triton launch is one op, the aten ops around it are counted."""
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
+    result = subprocess.run([sys.executable, "-c", TRITON_COUNT], capture_output=True, text=True, env=env, timeout=600,
+                            cwd=ROOT / "tests")  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().endswith("OK")

@@ -18,7 +18,8 @@ CPU, CUDA, META = torch.device("cpu"), torch.device("cuda"), torch.device("meta"
 F32 = torch.float32
 C_REASON = dispatch.unavailable_reason(torch.float64, CPU)
 needs_c_kernel = pytest.mark.skipif(C_REASON is not None, reason=f"fused kernel unavailable: {C_REASON}")
-needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
+_no_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
+triton_stage = pytest.mark.triton  # `make test` deselects these; `make test-triton` installs Triton and runs them
 
 # (op, call, the index of the FALLBACKS row that must decide it): one case per row
 CASES = [
@@ -88,7 +89,8 @@ def test_triton_setting_is_validated(monkeypatch):
 
 
 @needs_c_kernel
-@needs_triton
+@triton_stage
+@_no_triton
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1", reason="the interpreter is on in this process")
 def test_triton_on_cpu_without_the_interpreter_names_the_fix():
     from test_fused_recurrence import run, units_and_inputs
@@ -116,7 +118,8 @@ print("OK")
 
 
 @needs_c_kernel
-@needs_triton
+@triton_stage
+@_no_triton
 def test_triton_setting_runs_the_triton_port_on_cpu_under_the_interpreter():
     """`recurrence_kernel="triton"` on CPU tensors (Triton's interpreter): values and gradients against the C
     kernel and the eager loop, float64 and float32."""
