@@ -226,3 +226,40 @@ def test_eos_oracle_names_a_folder_without_a_run(tmp_path):
     (tmp_path / "results.json").write_text(json.dumps({"cutoff": 26, "results": {"panm": {}}}))
     with pytest.raises(ValueError, match="holds no saved model"):
         eos_oracle.load_run(tmp_path)
+
+
+def test_stop_probe_scores_a_stop_rule_and_fits_a_separable_stop():
+    import stop_probe
+
+    sequence = torch.tensor([0, 0, 0, 1, 1, 2, 2, 2])
+    is_end = torch.tensor([False, False, True, False, True, False, False, True])
+    scores = torch.tensor([-1.0, -1.0, 2.0, 1.0, 1.0, -1.0, -1.0, -1.0])  # exact, early, never (late)
+    assert stop_probe.stop_outcomes(scores, sequence, is_end) == {"exact": 33.3, "early": 33.3, "late": 33.3}
+    torch.manual_seed(0)
+    inputs = torch.randn(200, 3)
+    ends = inputs[:, 1] > 1.0
+    score = stop_probe.fit_probe(inputs, ends)
+    assert ((score(inputs) > 0) == ends).float().mean() > 0.95
+
+
+def test_stop_probe_reads_every_target_step_of_a_panm_model():
+    import stop_probe
+    from transformers import BartConfig
+
+    from panm_hf import PanmConfig, PanmForSeq2SeqLM
+
+    tokenizer = word_tokenizer(["jump walk twice", "I_JUMP I_WALK"])
+    config = BartConfig(vocab_size=len(tokenizer), d_model=16, encoder_layers=1, decoder_layers=2,
+                        encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=16, decoder_ffn_dim=16,
+                        max_position_embeddings=64, pad_token_id=tokenizer.pad_token_id,
+                        eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.bos_token_id,
+                        decoder_start_token_id=tokenizer.eos_token_id, attn_implementation="eager")  # fmt: skip
+    torch.manual_seed(0)
+    panm = {"placement": "replace", "pointer_hidden_size": 8, "controller_hidden_size": 8, "mlp_hidden_size": 8}
+    model = PanmForSeq2SeqLM(PanmConfig(text_config=config.to_dict(), **panm))
+    split = ScanSplit(["jump twice", "walk", "jump walk twice"], ["I_JUMP I_JUMP", "I_WALK", "I_JUMP I_WALK I_WALK"])
+    features = stop_probe.step_features(model, tokenizer, split, batch_size=2)
+    steps = 3 + 2 + 4  # each target's actions and its EOS
+    assert features["z"].shape == (steps, 16) and features["mode1"].shape == (steps, 2 * 16)
+    assert features["pointers"].shape == (steps, 2 * 3 + 1)
+    assert features["is_end"].sum() == 3 and features["sequence"].tolist() == [0, 0, 0, 1, 1, 2, 2, 2, 2]
