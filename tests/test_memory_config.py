@@ -1,6 +1,7 @@
 """PanmMemoryConfig: the one owner of PANM's hyperparameters (fields, defaults, allowed values, checks)."""
 
 import dataclasses
+import importlib.util
 import json
 import subprocess
 import sys
@@ -77,6 +78,10 @@ def test_a_bad_choice_raises_naming_the_field_and_the_choices(name):
             config_class(**{name: "bogus"})
         assert all(choice in str(error.value) for choice in allowed)
     for choice in allowed:  # every allowed value passes (content_read="decoder" alone needs no z_t here)
+        if (name, choice) == ("recurrence_kernel", "triton") and importlib.util.find_spec("triton") is None:
+            with pytest.raises(ValueError, match='recurrence_kernel="triton" needs Triton'):
+                PanmConfig(**{name: choice})
+            continue
         assert getattr(PanmConfig(**{name: choice}).memory_config, name) == choice
 
 
