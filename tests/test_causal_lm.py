@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import run_without_panm_hf
+from conftest import generate_with_remote_code
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
@@ -287,22 +287,8 @@ def test_trust_remote_code_loads_without_panm_hf(tmp_path):
     model.save_pretrained(tmp_path)
     input_ids, attention_mask = prompts()
     expected = greedy(model, input_ids, attention_mask, use_cache=True, new_tokens=4)
-    torch.save({"input_ids": input_ids, "attention_mask": attention_mask, "expected": expected}, tmp_path / "probe.pt")
-    words = run_without_panm_hf(
-        f"""
-        import torch
-        from transformers import AutoModelForCausalLM
-        model = AutoModelForCausalLM.from_pretrained({str(tmp_path)!r}, trust_remote_code=True).eval()
-        probe = torch.load({str(tmp_path / "probe.pt")!r})
-        out = model.generate(input_ids=probe["input_ids"], attention_mask=probe["attention_mask"], max_new_tokens=4,
-                             min_new_tokens=4, do_sample=False, min_length=0, no_repeat_ngram_size=0,
-                             repetition_penalty=1.0)
-        print(type(model).__module__, torch.equal(out, probe["expected"]))
-        """,
-        tmp_path,
-    )
-    module, equal = words[-2:]
-    assert module.startswith("transformers_modules") and equal == "True"
+    module, causal_memory, equal = generate_with_remote_code(tmp_path, input_ids, attention_mask, expected)
+    assert module.startswith("transformers_modules") and (causal_memory, equal) == ("sequence", "True")
 
 
 def test_trainer_step_ignores_minus_100_labels(tmp_path):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import run_without_panm_hf
+from conftest import generate_with_remote_code
 from test_causal_lm import CAUSAL_BACKBONES, EOS, PAD, PLAIN, TINY_PANM, VOCAB, activate_panm, position_ids, prompts
 from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -316,18 +316,5 @@ def test_trust_remote_code_loads_without_panm_hf(tmp_path):
     model.save_pretrained(tmp_path)
     input_ids, attention_mask = prompts()
     expected = greedy(model, input_ids, attention_mask, new_tokens=4)
-    torch.save({"input_ids": input_ids, "attention_mask": attention_mask, "expected": expected}, tmp_path / "probe.pt")
-    words = run_without_panm_hf(
-        f"""
-        import torch
-        from transformers import AutoModelForCausalLM
-        model = AutoModelForCausalLM.from_pretrained({str(tmp_path)!r}, trust_remote_code=True).eval()
-        probe = torch.load({str(tmp_path / "probe.pt")!r})
-        out = model.generate(input_ids=probe["input_ids"], attention_mask=probe["attention_mask"], max_new_tokens=4,
-                             min_new_tokens=4, do_sample=False, min_length=0, no_repeat_ngram_size=0,
-                             repetition_penalty=1.0)
-        print(model.config.causal_memory, torch.equal(out, probe["expected"]))
-        """,
-        tmp_path,
-    )
-    assert words[-2:] == ["prompt", "True"]
+    module, causal_memory, equal = generate_with_remote_code(tmp_path, input_ids, attention_mask, expected)
+    assert module.startswith("transformers_modules") and (causal_memory, equal) == ("prompt", "True")
