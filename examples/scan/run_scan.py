@@ -222,10 +222,10 @@ def randomise_decoder_positions(model: torch.nn.Module, max_offset: int) -> None
         steps = output.shape[-2]
         shape = args[0] if isinstance(args[0], torch.Size) else args[0].shape  # Marian passes the ids' shape
         batch = shape[0]
+        if steps - 1 + max_offset >= table_size:  # checked on sizes: no device sync per step
+            raise ValueError(f"--max_position_offset {max_offset} runs past the {table_size} decoder positions.")
         offsets = torch.randint(0, max_offset + 1, (batch, 1), device=module.weight.device)  # (batch, 1)
         ids = torch.arange(steps, device=module.weight.device) + offsets  # (batch, steps)
-        if int(ids.max()) >= table_size:
-            raise ValueError(f"--max_position_offset {max_offset} runs past the {table_size} decoder positions.")
         return torch.nn.functional.embedding(ids + getattr(module, "offset", 0), module.weight)  # (batch, steps, d)
 
     positions.register_forward_hook(shifted)
