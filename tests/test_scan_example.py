@@ -13,15 +13,9 @@ from pathlib import Path
 import pytest
 import run_table
 import torch
-from run_scan import (
-    ScanSplit,
-    cutoff_split,
-    randomise_decoder_positions,
-    read_tasks,
-    remove_decoder_positions,
-    score,
-    word_tokenizer,
-)
+from run_scan import randomise_decoder_positions, remove_decoder_positions
+
+from panm_hf.pipelines.scan_data import ScanSplit, cutoff_split, read_tasks, score, word_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "examples" / "scan" / "run_scan.py"

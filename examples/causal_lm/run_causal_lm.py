@@ -12,12 +12,19 @@ greedily (with the cache) for ``l`` tokens at longer test lengths. Models: the b
 ``--causal_memory`` picks PANM's memory: every token so far (``sequence``) or the prompt
 (``prompt``, the seq2seq framing: the pointers start at ``BOS`` and ``SEP``).
 
+``--task scan`` frames SCAN the same way (``scan_prompts.py``): one stream ``command SEP actions
+EOS``, the loss on ``actions EOS``, on the SCAN example's length cut-off protocol (``--cutoff`` L:
+train on at most L actions, a fixed 10% of those held out as the i.i.d. set, test on every longer
+output), scored by greedy exact match with the EOS diagnosis.
+
     python examples/causal_lm/run_causal_lm.py --causal_memory prompt            # Copy, 3 models, 3,000 steps
     python examples/causal_lm/run_causal_lm.py --causal_memory prompt --task reverse --backbone llama
+    python examples/causal_lm/run_causal_lm.py --causal_memory prompt --task scan --cutoff 26
     python examples/causal_lm/run_causal_lm.py --smoke --output_dir /tmp/causal_smoke
 
-Writes ``results.json`` (per model: steps, time, loss, token and sequence accuracy per test
-length, pointer hits) and ``results.md`` (the per-length table) into ``--output_dir``.
+Writes ``results.json`` (the command, the arguments and the machine; per model: steps, time, loss,
+and token and sequence accuracy per test length with pointer hits, or for SCAN exact match and the
+EOS diagnosis on the test and i.i.d. sets) and ``results.md`` (the table) into ``--output_dir``.
 """
 
 from __future__ import annotations
@@ -25,19 +32,24 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import sys
 import time
 from pathlib import Path
 
 import torch
+from scan_prompts import encode, greedy_responses, scan_markdown, scan_tokenizer
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
 from panm_hf import PanmForCausalLM
 from panm_hf.configuration_panm import CAUSAL_MEMORIES
+from panm_hf.pipelines.scan_data import load_cutoff_split, score
 from research.algorithmic import NUM_TOKENS, make_batch
 
 SEP, BOS, PAD = NUM_TOKENS, NUM_TOKENS + 1, NUM_TOKENS + 2  # tokens 0..9 are the task's symbols
 VOCAB = NUM_TOKENS + 3
+ALGORITHMIC_IDS = dict(vocab_size=VOCAB, bos_token_id=BOS, eos_token_id=PAD, pad_token_id=PAD)  # never stops early
 MODELS = {"backbone": None, "panm": "attention", "panm_shift": "shift"}
+TASKS = ("copy", "reverse", "scan")
 SIZES = {
     "full": dict(gpt2=dict(n_embd=128, n_layer=2, n_head=4, n_positions=256),
                  llama=dict(hidden_size=128, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
@@ -78,12 +90,19 @@ def lm_batch(task: str, batch_size: int, length: int | tuple[int, int], generato
 
 
 def build(
-    name: str, size: str, seed: int, address_bits: int, backbone_type: str = "gpt2", causal_memory: str = "sequence"
+    name: str,
+    size: str,
+    seed: int,
+    address_bits: int,
+    backbone_type: str = "gpt2",
+    causal_memory: str = "sequence",
+    ids: dict | None = None,
 ):
     """The backbone (GPT-2: learned absolute positions; Llama: rotary positions), alone or wrapped with PANM
-    whose memory is `causal_memory` (every token so far, or the prompt)."""
+    whose memory is `causal_memory` (every token so far, or the prompt); `ids`: the vocabulary size and the
+    special token ids (default: the algorithmic tasks')."""
     torch.manual_seed(seed)
-    ids = dict(vocab_size=VOCAB, bos_token_id=BOS, eos_token_id=PAD, pad_token_id=PAD)
+    ids = ALGORITHMIC_IDS if ids is None else ids
     if backbone_type == "llama":
         backbone = LlamaForCausalLM(LlamaConfig(**ids, **SIZES[size]["llama"]))
     else:
@@ -141,13 +160,19 @@ def evaluate(model, task: str, length: int, samples: int, batch_size: int, seed:
     return correct / (samples * length), exact / samples, mean_hits
 
 
-def train(model, args, generator: torch.Generator) -> dict:
+def train(model, args, generator: torch.Generator, sample=None) -> dict:
+    """`args.max_steps` AdamW steps on batches `sample(generator)` (default: the algorithmic task's, lengths 1..L)."""
+    if sample is None:
+
+        def sample(generator):
+            return lm_batch(args.task, args.batch_size, (1, args.train_length), generator)
+
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     model.train()
     started, steps, losses = time.perf_counter(), 0, []
     budget = args.time_budget if args.time_budget is not None else float("inf")
     while steps < args.max_steps and time.perf_counter() - started < budget:
-        input_ids, attention_mask, labels = lm_batch(args.task, args.batch_size, (1, args.train_length), generator)
+        input_ids, attention_mask, labels = sample(generator)
         loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
         optimizer.zero_grad()
         loss.backward()
@@ -174,42 +199,12 @@ def markdown(results: dict) -> str:
     return "\n".join(lines) + "\n\nToken accuracy % (exact-sequence accuracy % in brackets), greedy decoding.\n"
 
 
-def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--task", default="copy", choices=["copy", "reverse"])
-    parser.add_argument("--causal_memory", "--causal-memory", default="sequence", choices=list(CAUSAL_MEMORIES),
-                        help="PANM's memory: every token so far (sequence) or the prompt BOS x SEP (prompt)")
-    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
-    parser.add_argument("--backbone", default="gpt2", choices=["gpt2", "llama"],
-                        help="gpt2: learned absolute positions (the issue's example); llama: rotary positions")
-    parser.add_argument("--train-length", type=int, default=9, help="L: training lengths are 1..L")
-    parser.add_argument("--test-lengths", type=int, nargs="+", default=None, help="default L, L+1, 2(L+1), 4(L+1)")
-    parser.add_argument("--max_steps", "--max-steps", type=int, default=3000,
-                        help="training steps, the same for every model")
-    parser.add_argument("--time_budget", "--time-budget", type=float, default=None,
-                        help="optional cap on training seconds per model (off by default: equal steps, not time)")
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--address-bits", type=int, default=10)
-    parser.add_argument("--eval-samples", type=int, default=200)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--log-every", type=int, default=100)
-    parser.add_argument("--output_dir", "--output-dir", default="outputs/causal_lm")
-    parser.add_argument("--smoke", action="store_true", help="tiny models, a few steps, 2 short test lengths")
-    args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    size = "smoke" if args.smoke else "full"
-    if args.smoke:
-        args.train_length, args.max_steps, args.eval_samples, args.log_every = 3, 3, 4, 1
-        args.test_lengths = args.test_lengths or [3, 5]
+def algorithmic_runs(args, size: str) -> dict:
+    """Copy or Reverse: each model trained on lengths 1..L, token and sequence accuracy per test length."""
     lengths = args.test_lengths or [args.train_length, args.train_length + 1, 2 * (args.train_length + 1),
                                     4 * (args.train_length + 1)]  # fmt: skip
-    results = {"task": args.task, "backbone": args.backbone, "causal_memory": args.causal_memory,
-               "train_length": args.train_length,
-               "test_lengths": lengths, "args": vars(args),
-               "machine": f"{platform.machine()} {platform.processor() or ''}, torch threads {args.threads}",
-               "models": {}}  # fmt: skip
+    samples = 200 if args.eval_samples is None else args.eval_samples
+    results = {"train_length": args.train_length, "test_lengths": lengths, "models": {}}
     for name in args.models:
         print(f"== {name}", flush=True)
         model = build(name, size, args.seed, args.address_bits, args.backbone, args.causal_memory)
@@ -217,18 +212,121 @@ def main(argv: list[str] | None = None) -> dict:
         run["parameters"] = sum(p.numel() for p in model.parameters())
         run["token_accuracy"], run["sequence_accuracy"], run["pointer_hits"] = {}, {}, {}
         for length in lengths:
-            token, sequence, hits = evaluate(model, args.task, length, args.eval_samples, 100, seed=1000 + length)
+            token, sequence, hits = evaluate(model, args.task, length, samples, args.eval_batch_size,
+                                             seed=1000 + length)  # fmt: skip
             run["token_accuracy"][str(length)], run["sequence_accuracy"][str(length)] = token, sequence
             run["pointer_hits"][str(length)] = hits
             hits_text = "  reads on the source slot: " + ", ".join(f"{k} {100 * v:.0f}%" for k, v in hits.items()) \
                 if hits else ""
             print(f"  L={length}: token {100 * token:.1f}%  sequence {100 * sequence:.1f}%{hits_text}", flush=True)
         results["models"][name] = run
+    return results
+
+
+def scan_runs(args, size: str) -> dict:
+    """SCAN at `--cutoff`: each model trained on the training range, scored on the longer outputs and the i.i.d. set."""
+    train_split, heldout, test = load_cutoff_split(args.data_dir, args.cutoff)
+    tokenizer = scan_tokenizer(train_split)  # every word of the training range, whatever subset trains
+    data = encode(train_split.subset(args.max_train_samples, args.seed), tokenizer)
+    sets = {"test": encode(test.subset(args.eval_samples, args.seed), tokenizer),
+            "heldout": encode(heldout.subset(args.eval_samples, args.seed), tokenizer)}  # fmt: skip
+    ids = dict(vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+               pad_token_id=tokenizer.pad_token_id)  # fmt: skip
+    results = {"cutoff": args.cutoff, "data_dir": str(args.data_dir), "num_train": len(data),
+               "num_eval": {key: len(prompts) for key, prompts in sets.items()}, "models": {}}  # fmt: skip
+
+    def sample(generator):  # a fresh batch of training streams each step, drawn with replacement
+        return data.batch(torch.randint(len(data), (args.batch_size,), generator=generator))
+
+    for name in args.models:
+        print(f"== {name}", flush=True)
+        model = build(name, size, args.seed, args.address_bits, args.backbone, args.causal_memory, ids)
+        run = train(model, args, torch.Generator().manual_seed(args.seed), sample)
+        run["parameters"] = sum(p.numel() for p in model.parameters())
+        started = time.perf_counter()
+        for key, prompts in sets.items():
+            predictions = greedy_responses(model, prompts, tokenizer, args.eval_batch_size, args.max_new_tokens)
+            run[key] = score(predictions, prompts.split)
+            run[key]["examples"] = [
+                {"command": c, "target": a, "prediction": p}
+                for c, a, p in zip(prompts.split.commands, prompts.split.actions, predictions)
+                if p != a
+            ][:5]
+            eos = ", ".join(f"{k} {v:.1f}%" for k, v in run[key]["eos_diagnosis"].items())
+            print(f"  {key}: exact match {run[key]['exact_match']:.1f}% ({eos})", flush=True)
+        run["generate_seconds"] = round(time.perf_counter() - started, 1)
+        results["models"][name] = run
+    return results
+
+
+def parse_arguments(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--task", default="copy", choices=list(TASKS))
+    parser.add_argument("--causal_memory", "--causal-memory", default="sequence", choices=list(CAUSAL_MEMORIES),
+                        help="PANM's memory: every token so far (sequence) or the prompt, BOS x SEP or SCAN's "
+                             "command SEP (prompt)")
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    parser.add_argument("--backbone", default="gpt2", choices=["gpt2", "llama"],
+                        help="gpt2: learned absolute positions (the issue's example); llama: rotary positions")
+    parser.add_argument("--train-length", type=int, default=9, help="L: training lengths are 1..L")
+    parser.add_argument("--test-lengths", type=int, nargs="+", default=None, help="default L, L+1, 2(L+1), 4(L+1)")
+    parser.add_argument("--data_dir", "--data-dir", default="../shared/data/scan",
+                        help="--task scan: the folder with SCAN's tasks.txt.gz")
+    parser.add_argument("--cutoff", type=int, default=26,
+                        help="--task scan: train on outputs of at most L actions, test on longer (issue 38: 26, 30)")
+    parser.add_argument("--max_train_samples", "--max-train-samples", type=int, default=None,
+                        help="--task scan: a random subset of the training range (default: all of it)")
+    parser.add_argument("--max_new_tokens", "--max-new-tokens", type=int, default=64,
+                        help="--task scan: greedy decoding limit (SCAN's longest output: 48 actions + EOS)")
+    parser.add_argument("--max_steps", "--max-steps", type=int, default=3000,
+                        help="training steps, the same for every model")
+    parser.add_argument("--time_budget", "--time-budget", type=float, default=None,
+                        help="optional cap on training seconds per model (off by default: equal steps, not time)")
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--address-bits", type=int, default=10)
+    parser.add_argument("--eval-samples", type=int, default=None,
+                        help="samples per test length (copy, reverse: 200) or per SCAN set (all of it)")
+    parser.add_argument("--eval-batch-size", type=int, default=100)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--log-every", type=int, default=100)
+    parser.add_argument("--output_dir", "--output-dir", default="outputs/causal_lm")
+    parser.add_argument("--smoke", action="store_true", help="tiny models, a few steps, a few test samples")
+    args = parser.parse_args(argv)
+    for flag in ("max_new_tokens", "eval_batch_size", "batch_size", "eval_samples", "max_train_samples"):
+        value = getattr(args, flag)
+        if value is not None and value < 1:
+            optional = " (or left out for the default)" if flag in ("eval_samples", "max_train_samples") else ""
+            raise ValueError(f"--{flag.replace('_', '-')} must be at least 1{optional}; got {value}.")
+    if args.smoke:
+        args.train_length, args.max_steps, args.eval_samples, args.log_every = 3, 3, 4, 1
+        args.max_train_samples = min(args.max_train_samples or 256, 256)
+        args.test_lengths = args.test_lengths or [3, 5]
+        args.max_new_tokens = min(args.max_new_tokens, 50)  # the smoke GPT-2 has 64 positions; prompts <= 10
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = parse_arguments(argv)
+    torch.set_num_threads(args.threads)
+    size = "smoke" if args.smoke else "full"
+    machine = f"{platform.machine()} {platform.processor() or ''}, torch threads {args.threads}"
+    results = {"task": args.task, "backbone": args.backbone, "causal_memory": args.causal_memory,
+               "command": " ".join(["python", "examples/causal_lm/run_causal_lm.py", *argv]), "args": vars(args),
+               "machine": machine}  # fmt: skip
+    if args.task == "scan":
+        results.update(scan_runs(args, size))
+        table = scan_markdown(results)
+    else:
+        results.update(algorithmic_runs(args, size))
+        table = markdown(results)
     output = Path(args.output_dir)
     output.mkdir(parents=True, exist_ok=True)
     (output / "results.json").write_text(json.dumps(results, indent=2))
-    (output / "results.md").write_text(markdown(results))
-    print(markdown(results))
+    (output / "results.md").write_text(table)
+    print(table)
     return results
 
 

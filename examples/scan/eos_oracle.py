@@ -21,11 +21,12 @@ from collections import Counter
 from pathlib import Path
 
 import torch
-from run_scan import ScanSplit, cutoff_split, greedy_actions, read_tasks
+from run_scan import greedy_actions
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 import panm_hf  # noqa: F401  (registers PANM with the Auto classes)
 from panm_hf.pipelines.controls import apply_control
+from panm_hf.pipelines.scan_data import ScanSplit, load_cutoff_split
 
 
 def load_run(run_dir: Path):
@@ -86,7 +87,7 @@ def oracle_exact_match(model, tokenizer, test: ScanSplit) -> float:
 
 def analyse(run_dir: Path, data_dir: Path) -> dict:
     summary, model, tokenizer = load_run(run_dir)
-    _, _, test = cutoff_split(read_tasks(data_dir / "tasks.txt.gz"), summary["cutoff"], 0.1)
+    _, _, test = load_cutoff_split(data_dir, summary["cutoff"])
     free = decode(model, tokenizer, test.commands, None)
     return {
         "run": run_dir.name,

@@ -21,7 +21,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from run_scan import CUTOFFS
+from panm_hf.pipelines.scan_data import CUTOFFS
 
 # The budget of docs/results/scan.md: the setup (Adam 5e-4, batch 64, 3,000 steps), one thread.
 BUDGET = [

@@ -27,7 +27,8 @@ from pathlib import Path
 
 import torch
 from eos_oracle import load_run
-from run_scan import ScanSplit, cutoff_split, read_tasks
+
+from panm_hf.pipelines.scan_data import ScanSplit, load_cutoff_split
 
 FEATURE_SETS = {
     "z": ("z",), "h": ("h",), "pointers": ("pointers",), "mode1": ("mode1",), "pointers+mode1": ("pointers", "mode1"),
@@ -118,7 +119,7 @@ def stop_outcomes(scores: torch.Tensor, sequence: torch.Tensor, is_end: torch.Te
 
 def analyse(run_dir: Path, data_dir: Path, train_samples: int, test_samples: int) -> dict:
     summary, model, tokenizer = load_run(run_dir)
-    train, _, test = cutoff_split(read_tasks(data_dir / "tasks.txt.gz"), summary["cutoff"], 0.1)
+    train, _, test = load_cutoff_split(data_dir, summary["cutoff"])
     fit = step_features(model, tokenizer, train.subset(train_samples, 0))
     held = step_features(model, tokenizer, test.subset(test_samples, 0))
     result = {

@@ -7,5 +7,6 @@ Not imported by `import panm_hf` (the memory core and the model adapters never d
   last checkpoint, metrics, the model card, `results.json`); translation, math, bAbI, SCAN and question answering.
 - `seq2seq`: the seq2seq examples' model flags, random backbones, plain or PANM models and their Trainer;
   translation, math, bAbI and SCAN.
+- `scan_data`: SCAN's length cut-off protocol, word vocabulary and scoring; SCAN and the causal-LM example.
 - `controls`: training-time controls (PANM with its pointer reads switched off).
 """
