@@ -141,28 +141,6 @@ def run_without_panm_hf(body: str, tmp_path) -> list[str]:
     return result.stdout.split()
 
 
-def generate_with_remote_code(folder, input_ids, attention_mask, expected, new_tokens: int = 4) -> list[str]:
-    """Greedy `generate()` of the causal LM saved in `folder`, loaded with trust_remote_code where panm_hf cannot
-    be imported; returns [the model class's module, its config's causal_memory, whether the tokens equal
-    `expected`]."""
-    probe = folder / "probe.pt"
-    torch.save({"input_ids": input_ids, "attention_mask": attention_mask, "expected": expected}, probe)
-    words = run_without_panm_hf(
-        f"""
-        import torch
-        from transformers import AutoModelForCausalLM
-        model = AutoModelForCausalLM.from_pretrained({str(folder)!r}, trust_remote_code=True).eval()
-        probe = torch.load({str(probe)!r})
-        out = model.generate(input_ids=probe["input_ids"], attention_mask=probe["attention_mask"],
-                             max_new_tokens={new_tokens}, min_new_tokens={new_tokens}, do_sample=False, min_length=0,
-                             no_repeat_ngram_size=0, repetition_penalty=1.0)
-        print(type(model).__module__, model.config.causal_memory, torch.equal(out, probe["expected"]))
-        """,
-        folder,
-    )
-    return words[-3:]
-
-
 class OpNames(TorchDispatchMode):
     """Records the name of every aten (or custom) op dispatched while active."""
 

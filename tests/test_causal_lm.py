@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import generate_with_remote_code
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
@@ -279,16 +278,6 @@ def test_save_load_auto_class(tmp_path):
     with torch.no_grad():
         assert torch.equal(model(input_ids=input_ids, attention_mask=attention_mask).logits,
                            loaded(input_ids=input_ids, attention_mask=attention_mask).logits)  # fmt: skip
-
-
-def test_trust_remote_code_loads_without_panm_hf(tmp_path):
-    _, model = wrap("gpt2")
-    model = activate_panm(model)
-    model.save_pretrained(tmp_path)
-    input_ids, attention_mask = prompts()
-    expected = greedy(model, input_ids, attention_mask, use_cache=True, new_tokens=4)
-    module, causal_memory, equal = generate_with_remote_code(tmp_path, input_ids, attention_mask, expected)
-    assert module.startswith("transformers_modules") and (causal_memory, equal) == ("sequence", "True")
 
 
 def test_trainer_step_ignores_minus_100_labels(tmp_path):

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import generate_with_remote_code
 from test_causal_lm import CAUSAL_BACKBONES, EOS, PAD, PLAIN, TINY_PANM, VOCAB, activate_panm, position_ids, prompts
 from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -310,11 +309,3 @@ def test_save_load_round_trip(tmp_path):
         assert torch.equal(model(**batch).logits, loaded(**batch).logits)
 
 
-def test_trust_remote_code_loads_without_panm_hf(tmp_path):
-    _, model = wrap("gpt2")
-    model = activate_panm(model)
-    model.save_pretrained(tmp_path)
-    input_ids, attention_mask = prompts()
-    expected = greedy(model, input_ids, attention_mask, new_tokens=4)
-    module, causal_memory, equal = generate_with_remote_code(tmp_path, input_ids, attention_mask, expected)
-    assert module.startswith("transformers_modules") and (causal_memory, equal) == ("prompt", "True")

@@ -10,7 +10,6 @@ import random
 import numpy as np
 import pytest
 import torch
-from conftest import run_without_panm_hf
 from squad_metric import exact_match_score, f1_score, normalize_answer, squad_scores
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import (
@@ -182,37 +181,6 @@ def test_fresh_model_from_config_and_auto_save_load(tmp_path):
     assert type(loaded) is BertWithPanmForQuestionAnswering
     input_ids = torch.randint(1, 99, (2, 8))
     torch.testing.assert_close(loaded(input_ids=input_ids).end_logits, model(input_ids=input_ids).end_logits)
-
-
-def test_trust_remote_code_loading_without_panm_hf(tmp_path):
-    torch.manual_seed(0)
-    model = BertWithPanmForQuestionAnswering(PanmConfig(text_config=tiny_bert_config(), **SMALL_PANM)).eval()
-    activate_panm(model)
-    model.save_pretrained(tmp_path / "model")
-    assert os.path.isfile(tmp_path / "model" / "modeling_panm_qa.py")
-    input_ids = torch.randint(1, 99, (2, 8))
-    torch.save({"input_ids": input_ids, "start_logits": model(input_ids=input_ids).start_logits}, tmp_path / "io.pt")
-    words = run_without_panm_hf(
-        f"""
-        import torch
-        from transformers import AutoModelForQuestionAnswering
-        try:
-            import panm_hf  # noqa: F401
-            raise SystemExit("panm_hf was importable")
-        except ImportError:
-            pass
-        model = AutoModelForQuestionAnswering.from_pretrained({str(tmp_path / "model")!r}, trust_remote_code=True)
-        model.eval()
-        io = torch.load({str(tmp_path / "io.pt")!r})
-        start_logits = model(input_ids=io["input_ids"]).start_logits
-        assert "panm_hf" not in type(model).__module__, type(model).__module__
-        print(type(model).__name__, float((start_logits - io["start_logits"]).abs().max()))
-        """,
-        tmp_path,
-    )
-    name, max_difference = words[-2:]
-    assert name == "BertWithPanmForQuestionAnswering"
-    assert float(max_difference) < 1e-5
 
 
 # -- SQuAD metric --------------------------------------------------------------------------------
