@@ -257,3 +257,8 @@ def test_stop_probe_reads_every_target_step_of_a_panm_model():
     assert features["z"].shape == (steps, 16) and features["mode1"].shape == (steps, 2 * 16)
     assert features["pointers"].shape == (steps, 2 * 3 + 1)
     assert features["is_end"].sum() == 3 and features["sequence"].tolist() == [0, 0, 0, 1, 1, 2, 2, 2, 2]
+    # where the model reads: per decoder layer and head (BART keeps 1 layer with "replace"), and per Mode-2 head
+    assert features["cross"].shape == (steps, 1 * 2 * 2) and features["mode2"].shape == (steps, 2 * 1)
+    weights = torch.tensor([[[[0.0, 0.5, 0.5, 0.0], [0.0, 0.0, 0.0, 1.0]]]])  # (1, 1 head, 2 steps, 4 slots)
+    position = stop_probe.read_position(weights, torch.tensor([[1, 1, 1, 0]]))  # the last real slot is 2
+    assert position.tolist() == [[[0.5, 0.5], [0.0, -1.0]]]

@@ -9,7 +9,10 @@ EOS" is fitted per step on the training sample from one kind of state at a time:
 - `pointers`: where each Mode-1 pointer stands in the command: its expected slot, the distance to the
   command's last slot, their ratio, and the command's length (content-free: what the Pointer Units know);
 - `mode1`: the Mode-1 values (memory content at the pointers);
-- `pointers+mode1`.
+- `pointers+mode1`;
+- `cross`: where the decoder's cross-attention reads in the command (per layer and head: its mass on the
+  command's last slot and the distance from its expected slot to that slot), and `mode2`: the same for
+  PANM's Mode-2 attention (content-based, outside principle II): can the stop come from where the model reads?
 Scored on the test sample as a stop rule: the share of commands whose first step with a positive score is
 exactly the target's end, and how many stop early or run late. The model's own EOS (its EOS logit above
 every other token's) is scored the same way. PANM's pointers see no content, so their path is a function
@@ -32,7 +35,19 @@ from panm_hf.pipelines.scan_data import ScanSplit, load_cutoff_split
 
 FEATURE_SETS = {
     "z": ("z",), "h": ("h",), "pointers": ("pointers",), "mode1": ("mode1",), "pointers+mode1": ("pointers", "mode1"),
+    "cross": ("cross",), "mode2": ("mode2",), "cross+mode2": ("cross", "mode2"),
 }  # fmt: skip
+
+
+def read_position(weights: torch.Tensor, source_mask: torch.Tensor) -> torch.Tensor:
+    """Where an attention over the command reads, per head: its mass on the command's last real slot and the
+    distance from its expected slot to that slot. `weights` `(batch, heads, tgt_len, slots)` -> `(batch, tgt_len,
+    2 * heads)`."""
+    last = source_mask.sum(1) - 1  # (batch,)
+    on_last = weights.gather(-1, last[:, None, None, None].expand(*weights.shape[:-1], 1)).squeeze(-1)
+    slots = torch.arange(weights.shape[-1], dtype=weights.dtype)  # (slots,)
+    distance = last.to(weights.dtype)[:, None, None] - (weights * slots).sum(-1)  # (batch, heads, tgt_len)
+    return torch.cat([on_last, distance], dim=1).transpose(1, 2)  # (batch, tgt_len, 2 * heads)
 
 
 @torch.no_grad()
@@ -43,6 +58,7 @@ def step_features(model, tokenizer, split: ScanSplit, batch_size: int = 256) -> 
     model), each with one row per (command, target step): `(steps, ...)`.
     """
     model.eval()
+    model.set_attn_implementation("eager")  # SDPA returns no attention weights
     rows: dict[str, list] = {}
     for start in range(0, len(split.commands), batch_size):
         source = tokenizer(split.commands[start : start + batch_size], padding=True, return_tensors="pt")
@@ -61,6 +77,12 @@ def step_features(model, tokenizer, split: ScanSplit, batch_size: int = 256) -> 
             "is_end": labels == eos,  # (batch, tgt_len)
             "sequence": torch.arange(start, start + real.shape[0]).unsqueeze(1).expand_as(real),  # (batch, tgt_len)
         }
+        if output.cross_attentions:  # one (batch, heads, tgt_len, slots) per decoder layer
+            layers = [read_position(layer, source["attention_mask"]) for layer in output.cross_attentions]
+            features["cross"] = torch.cat(layers, dim=-1)  # (batch, tgt_len, layers * 2 * heads)
+        mode2 = getattr(output, "mode2_attentions", None)  # (batch, tgt_len, H^c, slots) for PANM
+        if mode2 is not None:
+            features["mode2"] = read_position(mode2.transpose(1, 2), source["attention_mask"])
         weights = getattr(output, "address_attentions", None)  # (batch, tgt_len, units, slots) for PANM
         if weights is not None:
             slots = torch.arange(weights.shape[-1], dtype=weights.dtype)  # (slots,)
