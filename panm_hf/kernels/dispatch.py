@@ -6,7 +6,7 @@ dtypes or settings themselves. The answer names the kernel, `"c"` (the C kernels
 reference), and for `"eager"` the reason: the first row of `FALLBACKS` that holds for the call.
 
 Ops (`OPS`):
-    pointer_recurrence: the Pointer-Unit loop (`PointerUnits.forward`).
+    pointer_recurrence: the Pointer-Unit loop (`PointerUnits.forward`), either `pointer_update`.
     controller_gru: the Controller GRU over all steps (`Controller.forward`).
     cosine_normalize: cosine scoring's `scale * normalize(x)` (`AttentionScorer`, address keys).
     mode2_read: the Mode-2 read after its query MLP (`Mode2Reader`).
@@ -25,8 +25,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ..memory_config import CONTROLLER_READ_STEPS, SHIFT_HAS_NO_KERNEL
+from ..memory_config import CONTROLLER_READ_STEPS
 from .loader import DTYPES, load_library, register_triton, triton_interpreted
+from .shift_recurrence import shift_recurrence  # noqa: F401  (registers panm_hf::shift_recurrence)
 
 OPS = ("pointer_recurrence", "controller_gru", "cosine_normalize", "mode2_read", "controller_pool")
 RECURRENCES = ("pointer_recurrence", "controller_gru")  # "fused" and "triton" raise when these fall back
@@ -41,7 +42,6 @@ class Call:
         setting: `PanmMemoryConfig.recurrence_kernel`.
         device, dtype: of the call's tensors.
         uniform: every tensor and parameter of the call shares the dtype and device.
-        shift: `pointer_update="shift"`.
         per_step: per-step masks, a step mask or anchors (causal decoding).
         compiled_step: `PointerUnits.compile_step()` was called.
         controller_read: `content_read="controller"`.
@@ -51,7 +51,6 @@ class Call:
     device: torch.device
     dtype: torch.dtype
     uniform: bool = True
-    shift: bool = False
     per_step: bool = False
     compiled_step: bool = False
     controller_read: bool = False
@@ -85,7 +84,6 @@ ANY = ("c", "triton", "cudnn")
 # when `when(call)` holds, for `reason` (a string, or a function of the call). The first row that holds wins.
 FALLBACKS: tuple[tuple[tuple[str, ...], tuple[str, ...], Callable[[Call], bool], str | Callable[[Call], str]], ...] = (
     (OPS, ANY, lambda c: c.setting == "eager", 'recurrence_kernel="eager" keeps every op in plain PyTorch'),
-    (("pointer_recurrence",), ANY, lambda c: c.shift, SHIFT_HAS_NO_KERNEL),
     (("pointer_recurrence",), ANY, lambda c: c.per_step,
      "per-step masks and anchors (causal decoding) run step by step"),
     (("mode2_read",), ANY, lambda c: c.per_step, "a per-step (causal) mask is read with plain torch ops"),
