@@ -303,7 +303,7 @@ def bench_scaling(args) -> dict:
     return {"curve": curve}
 
 
-# The Pointer-Unit custom ops that run a Triton port (`recurrence_kernel="triton"` on any device, and the CUDA
+# The recurrences' custom ops that run a Triton port (`recurrence_kernel="triton"` on any device, and the CUDA
 # kernels of the plain ops) -> the port's module in `panm_hf.kernels` and its Python wrapper, which allocates,
 # reduces and launches.
 TRITON_WRAPPERS = {"panm_hf::pointer_recurrence_triton": ("triton_port", "pointer_forward_triton"),
@@ -313,7 +313,11 @@ TRITON_WRAPPERS = {"panm_hf::pointer_recurrence_triton": ("triton_port", "pointe
                    "panm_hf::shift_recurrence_triton": ("triton_shift", "shift_forward_triton"),
                    "panm_hf::shift_recurrence_triton_backward": ("triton_shift", "shift_backward_triton"),
                    "panm_hf::shift_recurrence": ("triton_shift", "shift_forward_triton"),
-                   "panm_hf::shift_recurrence_backward": ("triton_shift", "shift_backward_triton")}
+                   "panm_hf::shift_recurrence_backward": ("triton_shift", "shift_backward_triton"),
+                   "panm_hf::gru_recurrence_triton": ("triton_gru", "gru_forward_triton"),
+                   "panm_hf::gru_recurrence_triton_backward": ("triton_gru", "gru_backward_triton"),
+                   "panm_hf::gru_recurrence": ("triton_gru", "gru_forward_triton"),
+                   "panm_hf::gru_recurrence_backward": ("triton_gru", "gru_backward_triton")}
 
 
 def triton_wrapper(func, args):

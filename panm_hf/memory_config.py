@@ -103,11 +103,12 @@ class PanmMemoryConfig:
             anything else raises a ValueError saying why. `"auto"`: fused where it applies (CPU with a C
             compiler; CUDA with Triton), eager elsewhere (causal decoding's per-step masks, half precision,
             no compiler or no Triton). `"triton"`: the code path CUDA takes, on any device: the
-            Pointer-Unit loop in the Triton port (on CPU only under Triton's interpreter, `TRITON_INTERPRET=1`
-            set before triton is imported), the Controller in `nn.GRU`, the rest in plain torch ops; raises
-            where `"fused"` would, and when Triton is missing.
-            Outside the loops, `"auto"` and `"fused"` also run cosine normalisation, the Mode-2 read and
-            `h^c_0`'s pooling as C kernels on CPU (float32/float64; plain torch elsewhere); `"eager"` keeps
+            Pointer-Unit loop and the Controller GRU in their Triton ports (on CPU only under Triton's
+            interpreter, `TRITON_INTERPRET=1` set before triton is imported; CUDA's `"auto"` keeps cuDNN's GRU,
+            one op each way as the port is one launch), the rest in plain torch ops; raises where `"fused"`
+            would, and when Triton is missing.
+            Outside the loops, `"auto"` and `"fused"` also run cosine normalisation, the Mode-2 and decoder
+            content reads and `h^c_0`'s pooling as C kernels on CPU (float32/float64; plain torch elsewhere); `"eager"` keeps
             them all in plain torch ops. `panm_hf.kernels.dispatch` decides each op's path and says why.
     """
 

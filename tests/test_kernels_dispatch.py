@@ -62,7 +62,8 @@ def test_the_kernel_when_nothing_falls_back(monkeypatch):
     assert decide("pointer_recurrence", Call("fused", CUDA, F32)).kernel == "triton"
     assert decide("pointer_recurrence", Call("triton", CPU, torch.float64)).kernel == "triton"
     assert decide("controller_gru", Call("fused", CUDA, torch.float16)).kernel == "cudnn"  # cuDNN's GRU, no raise
-    assert decide("controller_gru", Call("triton", CPU, F32)).kernel == "cudnn"  # the CUDA path: nn.GRU
+    assert decide("controller_gru", Call("triton", CPU, F32)).kernel == "triton"  # its port, as cuDNN's one op
+    assert decide("controller_gru", Call("auto", CUDA, F32)).kernel == "cudnn"  # CUDA's "auto" keeps cuDNN's GRU
     for op in dispatch.C_ONLY:
         assert decide(op, Call("auto", CPU, F32)).kernel == "c"
 
@@ -73,7 +74,9 @@ def test_forced_settings_raise_for_the_recurrences_only():
             require("pointer_recurrence", Call(setting, CPU, F32, per_step=True), "the loop")
     with pytest.raises(ValueError, match="differ in dtype"):
         require("controller_gru", Call("fused", CPU, F32, uniform=False), "the GRU")
-    assert require("controller_gru", Call("triton", CPU, F32, uniform=False), "the GRU").kernel == "cudnn"  # nn.GRU
+    with pytest.raises(ValueError, match='recurrence_kernel="triton" cannot run the GRU: .*differ in dtype'):
+        require("controller_gru", Call("triton", CPU, F32, uniform=False), "the GRU")  # its Triton port, forced
+    assert require("controller_gru", Call("fused", CUDA, F32, uniform=False), "the GRU").kernel == "cudnn"  # nn.GRU
     assert require("pointer_recurrence", Call("auto", CPU, F32, per_step=True), "the loop").kernel == "eager"
     assert require("mode2_read", Call("fused", CPU, F32, per_step=True), "the read").kernel == "eager"
 

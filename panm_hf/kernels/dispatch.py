@@ -2,8 +2,9 @@
 
 The modules that run these ops describe a call (`Call`) and ask `decide(op, call)`; they never test devices,
 dtypes or settings themselves. The answer names the kernel, `"c"` (the C kernels, `loader.py`), `"triton"`
-(`triton_port.py`), `"cudnn"` (`nn.GRU`, one cuDNN kernel on CUDA) or `"eager"` (plain PyTorch ops, the
-reference), and for `"eager"` the reason: the first row of `FALLBACKS` that holds for the call.
+(the Triton ports: `triton_port.py`, `triton_shift.py`, `triton_gru.py`), `"cudnn"` (`nn.GRU`, one cuDNN op on
+CUDA) or `"eager"` (plain PyTorch ops, the reference), and for `"eager"` the reason: the first row of `FALLBACKS`
+that holds for the call.
 
 Ops (`OPS`):
     pointer_recurrence: the Pointer-Unit loop (`PointerUnits.forward`), either `pointer_update`.
@@ -14,8 +15,10 @@ Ops (`OPS`):
 
 Under `recurrence_kernel="fused"` or `"triton"` a recurrence (`RECURRENCES`) that falls back raises a
 ValueError with the reason (`require`); the other ops fall back silently under every setting.
-`"triton"` runs the code path CUDA takes, on any device: the Pointer-Unit loop in the Triton port (on CPU
-under Triton's interpreter), the Controller in `nn.GRU`, everything else in plain torch ops.
+`"triton"` runs the code path CUDA takes, on any device (on CPU under Triton's interpreter): the Pointer-Unit
+loop in its Triton port, everything else in plain torch ops; the Controller GRU in its Triton port, where CUDA's
+`"auto"` keeps cuDNN's `nn.GRU` (one op forward and one backward there, as the port is one launch each way;
+`nn.GRU` on CPU would dispatch every step's ops).
 """
 
 from __future__ import annotations
@@ -68,6 +71,8 @@ def candidate(op: str, call: Call) -> str:
     """The kernel `op` runs when no fallback applies: CUDA's (and `"triton"`'s) or the C one."""
     cuda_path = call.device.type == "cuda" or call.setting == "triton"
     if cuda_path and op == "pointer_recurrence":
+        return "triton"
+    if call.setting == "triton" and op == "controller_gru":  # its Triton port: one launch, as cuDNN's is one op
         return "triton"
     if cuda_path and op == "controller_gru":
         return "cudnn"

@@ -15,16 +15,17 @@ They are exposed as `torch.library` custom ops, `panm_hf::pointer_recurrence` (f
 final pointers and hidden, plus the per-step states the backward needs) with
 `panm_hf::pointer_recurrence_backward`, and `panm_hf::gru_recurrence` with
 `panm_hf::gru_recurrence_backward`, wired with `register_autograd`, with fake (meta) kernels so
-`torch.compile` can trace through them. Scope: `pointer_update="attention"` with a (batch, slots)
-mask, on CPU in float32/float64; everything else runs the eager loop and `nn.GRU`, which stay the
-reference (`PanmMemoryConfig.recurrence_kernel`). On CUDA the Pointer-Unit ops dispatch to a Triton
-port of the same algorithm (`triton_port.py`), registered on first use (`register_triton`). Which path
-each op takes, and why, is decided in `dispatch.py` alone.
+`torch.compile` can trace through them (`pointer_update="shift"` has its own pair, `shift_recurrence.py`,
+built from the same C helpers). Scope: a (batch, slots) mask, on CPU in float32/float64; everything else
+runs the eager loop and `nn.GRU`, which stay the reference (`PanmMemoryConfig.recurrence_kernel`). On CUDA
+the Pointer-Unit ops dispatch to Triton ports of the same algorithms (`triton_port.py`, `triton_shift.py`),
+registered on first use (`register_triton`), as is the Controller GRU's (`triton_gru.py`, which
+`recurrence_kernel="triton"` runs). Which path each op takes, and why, is decided in `dispatch.py` alone.
 
 The same C source holds three smaller kernels used outside the loops, each one op forward and one
 backward: `panm_hf::normalize_rows` (cosine scoring's `scale * normalize(x)`, optionally writing the
-unit-major address keys batch-major), `panm_hf::mode2_attention` (the Mode-2 read after its query MLP)
-and `panm_hf::masked_pool` (`h^c_0`'s masked mean or sum of `M`).
+unit-major address keys batch-major), `panm_hf::mode2_attention` (the Mode-2 read after its query MLP, and
+the decoder content read) and `panm_hf::masked_pool` (`h^c_0`'s masked mean or sum of `M`).
 """
 
 from __future__ import annotations
@@ -138,10 +139,11 @@ def load_library(dtype_name: str) -> ctypes.CDLL | str:
 
 @functools.cache
 def register_triton() -> str | None:
-    """Register the Triton ports (`triton_port`, `triton_shift`) as the Pointer-Unit ops' CUDA kernels, and as
-    `panm_hf::pointer_recurrence_triton` and `panm_hf::shift_recurrence_triton` on every device (what
-    `recurrence_kernel="triton"` calls); a string saying why when Triton is missing."""
+    """Register the Triton ports (`triton_port`, `triton_shift`, `triton_gru`) as the recurrences' CUDA kernels, and
+    as `panm_hf::pointer_recurrence_triton`, `shift_recurrence_triton` and `gru_recurrence_triton` on every device
+    (what `recurrence_kernel="triton"` calls); a string saying why when Triton is missing."""
     try:
+        from .triton_gru import gru_backward_triton, gru_forward_triton
         from .triton_port import pointer_backward_triton, pointer_forward_triton
         from .triton_shift import shift_backward_triton, shift_forward_triton
     except ImportError as error:
@@ -153,6 +155,8 @@ def register_triton() -> str | None:
          _pointer_recurrence_backward_fake, (_triton_backward, _setup_context)),
         ("shift_recurrence", shift_forward_triton, shift_backward_triton, _shift_recurrence_fake,
          _shift_recurrence_backward_fake, TRITON_AUTOGRAD),
+        ("gru_recurrence", gru_forward_triton, gru_backward_triton, _gru_recurrence_fake,
+         _gru_recurrence_backward_fake, (_gru_triton_backward, _gru_setup_context)),
     )  # fmt: skip
     for name, forward, backward, fake, backward_fake, (autograd_backward, setup_context) in ports:
         torch.library.register_kernel(f"panm_hf::{name}", "cuda", forward)
@@ -437,11 +441,17 @@ def _gru_setup_context(ctx, inputs, output):
     ctx.mark_non_differentiable(gates)
 
 
-def _gru_backward(ctx, grad_states, grad_last, _):
-    d_input_gates, d_hidden, d_hidden_bias, h_rows, dgh = torch.ops.panm_hf.gru_recurrence_backward(
-        grad_states, grad_last, *ctx.saved_tensors
-    )
+def _gru_backward_with(backward_op, ctx, grad_states, grad_last):
+    d_input_gates, d_hidden, d_hidden_bias, h_rows, dgh = backward_op(grad_states, grad_last, *ctx.saved_tensors)
     return d_input_gates, d_hidden, torch.mm(dgh, h_rows), d_hidden_bias  # d W_hh: (3 hidden, hidden)
+
+
+def _gru_backward(ctx, grad_states, grad_last, _):
+    return _gru_backward_with(torch.ops.panm_hf.gru_recurrence_backward, ctx, grad_states, grad_last)
+
+
+def _gru_triton_backward(ctx, grad_states, grad_last, _):
+    return _gru_backward_with(torch.ops.panm_hf.gru_recurrence_triton_backward, ctx, grad_states, grad_last)
 
 
 def _normalize_layout(x: Tensor, batch: int) -> tuple[tuple[int, int, int, int], bool]:
