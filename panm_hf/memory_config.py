@@ -108,8 +108,8 @@ class PanmMemoryConfig:
             one op each way as the port is one launch), the rest in plain torch ops; raises where `"fused"`
             would, and when Triton is missing.
             Outside the loops, `"auto"` and `"fused"` also run cosine normalisation, the Mode-2 and decoder
-            content reads and `h^c_0`'s pooling as C kernels on CPU (float32/float64; plain torch elsewhere); `"eager"` keeps
-            them all in plain torch ops. `panm_hf.kernels.dispatch` decides each op's path and says why.
+            content reads and `h^c_0`'s pooling as C kernels on CPU (float32/float64; plain torch elsewhere);
+            `"eager"` keeps them all in plain torch ops. `panm_hf.kernels.dispatch` decides each op's path and says why.
     """
 
     address_bits: int = field(default=10, metadata={"help": "PANM b: inputs may have at most 2^b tokens."})
