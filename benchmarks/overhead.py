@@ -303,18 +303,27 @@ def bench_scaling(args) -> dict:
     return {"curve": curve}
 
 
-# The Pointer-Unit custom ops that run the Triton port (`recurrence_kernel="triton"` on any device, and the
-# CUDA kernels of the plain ops) -> the port's Python wrapper, which allocates, reduces and launches.
-TRITON_WRAPPERS = {"panm_hf::pointer_recurrence_triton": "pointer_forward_triton",
-                   "panm_hf::pointer_recurrence_triton_backward": "pointer_backward_triton",
-                   "panm_hf::pointer_recurrence": "pointer_forward_triton",
-                   "panm_hf::pointer_recurrence_backward": "pointer_backward_triton"}
+# The recurrences' custom ops that run a Triton port (`recurrence_kernel="triton"` on any device, and the CUDA
+# kernels of the plain ops) -> the port's module in `panm_hf.kernels` and its Python wrapper, which allocates,
+# reduces and launches.
+TRITON_WRAPPERS = {"panm_hf::pointer_recurrence_triton": ("triton_port", "pointer_forward_triton"),
+                   "panm_hf::pointer_recurrence_triton_backward": ("triton_port", "pointer_backward_triton"),
+                   "panm_hf::pointer_recurrence": ("triton_port", "pointer_forward_triton"),
+                   "panm_hf::pointer_recurrence_backward": ("triton_port", "pointer_backward_triton"),
+                   "panm_hf::shift_recurrence_triton": ("triton_shift", "shift_forward_triton"),
+                   "panm_hf::shift_recurrence_triton_backward": ("triton_shift", "shift_backward_triton"),
+                   "panm_hf::shift_recurrence": ("triton_shift", "shift_forward_triton"),
+                   "panm_hf::shift_recurrence_backward": ("triton_shift", "shift_backward_triton"),
+                   "panm_hf::gru_recurrence_triton": ("triton_gru", "gru_forward_triton"),
+                   "panm_hf::gru_recurrence_triton_backward": ("triton_gru", "gru_backward_triton"),
+                   "panm_hf::gru_recurrence": ("triton_gru", "gru_forward_triton"),
+                   "panm_hf::gru_recurrence_backward": ("triton_gru", "gru_backward_triton")}
 
 
 def triton_wrapper(func, args):
     """The Triton port's wrapper that runs `func` on these arguments, or None (any other op, or the C kernel)."""
-    name = TRITON_WRAPPERS.get(func._schema.name)
-    port = sys.modules.get("panm_hf.kernels.triton_port")
+    module, name = TRITON_WRAPPERS.get(func._schema.name, (None, None))
+    port = sys.modules.get(f"panm_hf.kernels.{module}")
     if name is None or port is None:
         return None
     on_cuda = any(isinstance(a, torch.Tensor) and a.is_cuda for a in args)
@@ -363,14 +372,11 @@ def step_cost(loss_fn) -> dict:
 
 
 def set_recurrence_kernel(model, kernel: str) -> None:
-    """Switch every PANM part with a `recurrence_kernel` (Pointer Units, Controller) to `kernel`.
-
-    `"triton"` is the code path CUDA's `"auto"` takes: where it has no kernel for a part (Pointer Units with
-    `pointer_update="shift"`, which `"triton"` refuses), that part runs eagerly, as it does on CUDA."""
+    """Switch every PANM part with a `recurrence_kernel` (Pointer Units, Controller) to `kernel` (`"triton"`: the
+    code path CUDA's `"auto"` takes)."""
     for module in model.modules():
         if hasattr(module, "recurrence_kernel"):
-            shift = getattr(module, "arithmetic_head", None) is not None
-            module.recurrence_kernel = "eager" if kernel == "triton" and shift else kernel
+            module.recurrence_kernel = kernel
 
 
 def cached_step_ops(model, device: str, size: str, prefix: int = 4) -> int:

@@ -125,11 +125,12 @@ class Controller(nn.Module):
         """
         batch, steps, rows, inputs = self._input_rows(reads, decoder_states, hidden)
         kernel = require("controller_gru", self._kernel_call(inputs, hidden), "the Controller GRU here").kernel
-        if kernel == "c":  # all steps in one kernel
+        if kernel in ("c", "triton"):  # all steps in one kernel (the C one, or its Triton port)
             gru = self.gru
             input_gates = nn.functional.linear(inputs, gru.weight_ih_l0, gru.bias_ih_l0)  # (batch*steps, 3*hidden)
             input_gates = input_gates.reshape(batch, steps, -1)  # (batch, steps, 3*hidden)
-            states, last, _ = torch.ops.panm_hf.gru_recurrence(input_gates, hidden, gru.weight_hh_l0, gru.bias_hh_l0)
+            op = torch.ops.panm_hf.gru_recurrence_triton if kernel == "triton" else torch.ops.panm_hf.gru_recurrence
+            states, last, _ = op(input_gates, hidden, gru.weight_hh_l0, gru.bias_hh_l0)
         else:
             inputs = inputs.reshape(batch, steps, -1)  # (batch, steps, gru input)
             states, last = self.gru(inputs, hidden.unsqueeze(0).contiguous())  # (batch, steps, hidden), (1, b, hidden)

@@ -22,8 +22,7 @@ POINTER_UPDATES = ("attention", "shift")
 CONTENT_READS = ("none", "decoder", "controller")
 ADDRESS_KEYS = ("mlp", "linear")
 RECURRENCE_KERNELS = ("auto", "eager", "fused", "triton")
-# Why a setting has no fused kernel; `panm_hf.kernels.dispatch` gives the same reasons at run time.
-SHIFT_HAS_NO_KERNEL = 'pointer_update="shift" has no fused kernel (the kernels cover "attention" only)'
+# Why a setting has no fused kernel; `panm_hf.kernels.dispatch` gives the same reason at run time.
 CONTROLLER_READ_STEPS = (
     'content_read="controller" reads with the Controller state, so the Controller steps one at a time'
 )
@@ -98,18 +97,19 @@ class PanmMemoryConfig:
             how PANM's two recurrences, the Pointer-Unit loop and the Controller GRU, run (speed only; the
             results agree to rounding). `"eager"`: one step at a time in PyTorch ops and `nn.GRU` (the
             reference). `"fused"`: each recurrence's steps in one compiled kernel and its backward in
-            another (`panm_hf.kernels`); only for `pointer_update="attention"` with a (batch,
-            slots) mask, in float32/float64, on CPU (a C kernel; needs a C compiler) or on CUDA (the
-            Pointer Units' Triton port; the Controller keeps cuDNN's GRU);
+            another (`panm_hf.kernels`; either `pointer_update`); only with a (batch, slots) mask, in
+            float32/float64, on CPU (a C kernel; needs a C compiler) or on CUDA (the Pointer Units' Triton
+            port; the Controller keeps cuDNN's GRU);
             anything else raises a ValueError saying why. `"auto"`: fused where it applies (CPU with a C
-            compiler; CUDA with Triton), eager elsewhere (causal decoding's per-step masks, `"shift"`, half
-            precision, no compiler or no Triton). `"triton"`: the code path CUDA takes, on any device: the
-            Pointer-Unit loop in the Triton port (on CPU only under Triton's interpreter, `TRITON_INTERPRET=1`
-            set before triton is imported), the Controller in `nn.GRU`, the rest in plain torch ops; raises
-            where `"fused"` would, and when Triton is missing.
-            Outside the loops, `"auto"` and `"fused"` also run cosine normalisation, the Mode-2 read and
-            `h^c_0`'s pooling as C kernels on CPU (float32/float64; plain torch elsewhere); `"eager"` keeps
-            them all in plain torch ops. `panm_hf.kernels.dispatch` decides each op's path and says why.
+            compiler; CUDA with Triton), eager elsewhere (causal decoding's per-step masks, half precision,
+            no compiler or no Triton). `"triton"`: the code path CUDA takes, on any device: the
+            Pointer-Unit loop and the Controller GRU in their Triton ports (on CPU only under Triton's
+            interpreter, `TRITON_INTERPRET=1` set before triton is imported; CUDA's `"auto"` keeps cuDNN's GRU,
+            one op each way as the port is one launch), the rest in plain torch ops; raises where `"fused"`
+            would, and when Triton is missing.
+            Outside the loops, `"auto"` and `"fused"` also run cosine normalisation, the Mode-2 and decoder
+            content reads and `h^c_0`'s pooling as C kernels on CPU (float32/float64; plain torch elsewhere);
+            `"eager"` keeps them all in plain torch ops. `panm_hf.kernels.dispatch` decides each op's path and says why.
     """
 
     address_bits: int = field(default=10, metadata={"help": "PANM b: inputs may have at most 2^b tokens."})
@@ -230,11 +230,6 @@ PROBABILITIES = ("panm_dropout", "panm_drop_path")
 FORCED_KERNELS = ("fused", "triton")  # settings that raise rather than fall back to the eager loops
 # (when the fields conflict, the message naming them and the fix)
 CONFLICTS = (
-    (
-        lambda c: c.recurrence_kernel in FORCED_KERNELS and c.pointer_update != "attention",
-        lambda c: f'recurrence_kernel="{c.recurrence_kernel}" cannot run pointer_update={c.pointer_update!r}: '
-        f'{SHIFT_HAS_NO_KERNEL}; use recurrence_kernel="auto" or "eager".',
-    ),
     (
         lambda c: c.recurrence_kernel in FORCED_KERNELS and c.content_read == "controller",
         lambda c: f'recurrence_kernel="{c.recurrence_kernel}" cannot run content_read="controller": '

@@ -220,10 +220,11 @@ class PointerUnits(nn.Module):
     def _kernel_call(self, pointers, hidden, address_bank, address_keys, attention_mask, step_mask, anchors) -> Call:
         """The loop's call as `panm_hf.kernels.dispatch` sees it."""
         tensors = [pointers, hidden, address_bank, address_keys, *self.cell.parameters(), *self.scorer.parameters()]
+        if self.arithmetic_head is not None:
+            tensors += list(self.arithmetic_head.parameters())
         return Call(
             self.recurrence_kernel, address_keys.device, address_keys.dtype,
             uniform=len({t.dtype for t in tensors}) == 1 and len({t.device for t in tensors}) == 1,
-            shift=self.arithmetic_head is not None,
             per_step=attention_mask.dim() != 2 or step_mask is not None
             or (anchors is not None and self.num_pointer_units > 1),
             compiled_step=self._compiled_step is not None,
@@ -237,28 +238,44 @@ class PointerUnits(nn.Module):
         address_keys: torch.Tensor,
         attention_mask: torch.Tensor,
         num_steps: int,
+        previous_weights: torch.Tensor | None,
         kernel: str = "c",
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """`forward`'s loop as one kernel (and its backward as one): same arguments and results. `kernel="c"`
         dispatches by device (C on CPU, Triton on CUDA); `"triton"` runs the Triton port on any device."""
         inverse_temperature = self.scorer.inverse_temperature if self.scorer.scoring == "cosine" else None
         input_gates, hidden_gates = self.cell.input_gates, self.cell.hidden_gates
-        op = torch.ops.panm_hf.pointer_recurrence_triton if kernel == "triton" else torch.ops.panm_hf.pointer_recurrence
-        weights, pointers, hidden, *_ = op(
-            pointers, hidden, address_keys, address_bank, attention_mask, input_gates.weight, input_gates.bias,
-            hidden_gates.weight, hidden_gates.bias, inverse_temperature, num_steps,
-        )  # fmt: skip
+        args = (pointers, hidden, address_keys, address_bank, attention_mask, input_gates.weight, input_gates.bias,
+                hidden_gates.weight, hidden_gates.bias, inverse_temperature)  # fmt: skip
+        suffix = "_triton" if kernel == "triton" else ""
+        if self.arithmetic_head is not None:  # "shift": w_0, the moves' head and the sharpening join the inputs
+            head = self.arithmetic_head
+            batch, units, slots, _ = address_keys.shape
+            self._check_previous_weights(previous_weights, batch, units, slots)
+            op = getattr(torch.ops.panm_hf, f"shift_recurrence{suffix}")
+            outputs = op(*args, previous_weights.to(address_keys.dtype), head.weight, head.bias, head.sharpening,
+                         num_steps)  # fmt: skip
+        else:
+            outputs = getattr(torch.ops.panm_hf, f"pointer_recurrence{suffix}")(*args, num_steps)
+        weights, pointers, hidden = outputs[:3]
         return weights, pointers, hidden  # (batch, steps, units, slots), (batch, units, bits), (batch, units, hidden)
 
     @staticmethod
-    def _unit_major_weights(previous_weights: torch.Tensor | None, batch: int, units: int, slots: int) -> torch.Tensor:
-        """`w_{t-1}` `(batch, units, slots)` laid out `(units*batch, 1, slots)`; a ValueError when missing."""
+    def _check_previous_weights(previous_weights: torch.Tensor | None, batch: int, units: int, slots: int) -> None:
+        """A ValueError unless `w_{t-1}` is given as `(batch, units, slots)` (what `"shift"` needs)."""
         if previous_weights is None or tuple(previous_weights.shape) != (batch, units, slots):
             got = None if previous_weights is None else tuple(previous_weights.shape)
             raise ValueError(
                 f'pointer_update="shift" needs previous_weights of shape {(batch, units, slots)} '
                 f"(PanmState.pointer_weights, set by PanmMemory.initial_state); got {got}."
             )
+
+    @classmethod
+    def _unit_major_weights(
+        cls, previous_weights: torch.Tensor | None, batch: int, units: int, slots: int
+    ) -> torch.Tensor:
+        """`w_{t-1}` `(batch, units, slots)` laid out `(units*batch, 1, slots)`; a ValueError when missing."""
+        cls._check_previous_weights(previous_weights, batch, units, slots)
         return previous_weights.transpose(0, 1).reshape(units * batch, 1, slots)  # (units*batch, 1, slots)
 
     @staticmethod
@@ -321,7 +338,9 @@ class PointerUnits(nn.Module):
         call = self._kernel_call(pointers, hidden, address_bank, address_keys, attention_mask, step_mask, anchors)
         kernel = require("pointer_recurrence", call, "this call").kernel
         if kernel != "eager":
-            return self._fused_forward(pointers, hidden, address_bank, address_keys, attention_mask, num_steps, kernel)
+            return self._fused_forward(
+                pointers, hidden, address_bank, address_keys, attention_mask, num_steps, previous_weights, kernel
+            )
         batch, units, slots, size = address_keys.shape
         if self.arithmetic_head is not None:
             previous_weights = self._unit_major_weights(previous_weights, batch, units, slots)  # (u*b, 1, slots)

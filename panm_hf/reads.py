@@ -103,13 +103,20 @@ class DecoderContentReader(nn.Module):
         self, decoder_states: torch.Tensor, memory_states: torch.Tensor, attention_mask: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """`(batch, steps, dec)`, `(batch, slots, dim)`, `(batch, slots)` or a per-step (causal) mask
-        `(batch, steps, slots)` -> `(values (batch, steps, 1, dim), weights (batch, steps, 1, slots))`."""
-        queries = self.scorer.prepare_queries(self.query(decoder_states.to(memory_states.dtype)))  # (batch, steps, dim)
+        `(batch, steps, slots)` -> `(values (batch, steps, 1, dim), weights (batch, steps, 1, slots))`.
+
+        The same read as a Mode-2 head's, so it runs the same C kernel where that one runs."""
+        queries = self.query(decoder_states.to(memory_states.dtype))  # (batch, steps, dim)
+        if self.scorer.fused(queries, "mode2_read", per_step=attention_mask.dim() != 2):  # one C kernel
+            scale = self.scorer.inverse_temperature if self.scorer.scoring == "cosine" else None
+            values, weights = torch.ops.panm_hf.mode2_attention(queries, memory_states, attention_mask, scale)[:2]
+            return values.unsqueeze(2), weights.unsqueeze(2)
+        queries = self.scorer.prepare_queries(queries)
         keys = self.scorer.prepare_keys(memory_states)  # (batch, slots, dim)
-        scores = torch.einsum("btd,bsd->bts", queries, keys)  # (batch, steps, slots)
+        scores = torch.bmm(queries, keys.transpose(1, 2))  # (batch, steps, slots); einsums add permutes and copies
         mask = attention_mask[:, None, :] if attention_mask.dim() == 2 else attention_mask  # (batch, 1|steps, slots)
         weights = masked_softmax(scores, mask)
-        values = torch.einsum("bts,bsd->btd", weights, memory_states)  # (batch, steps, dim)
+        values = torch.bmm(weights, memory_states)  # (batch, steps, dim)
         return values.unsqueeze(2), weights.unsqueeze(2)
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 from test_fused_recurrence import SHAPES, units_and_inputs
+from test_fused_shift import shift_units_and_inputs, values_and_grads
 
 from panm_hf import PanmConfig, PanmForSeq2SeqLM
 from panm_hf.kernels import dispatch
@@ -45,6 +46,19 @@ def test_triton_pointer_units_equal_eager_on_cuda(shape, scoring, dtype):
     eager_out, eager_grads = outputs_and_grads(module, "eager", inputs)
     fused_out, fused_grads = outputs_and_grads(module, "auto", inputs)
     for eager, fused in zip(eager_out + eager_grads, fused_out + fused_grads, strict=True):
+        torch.testing.assert_close(fused, eager, **TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("scoring", ["cosine", "dot"])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_triton_shift_pointer_units_equal_eager_on_cuda(shape, scoring, dtype):
+    module, inputs = shift_units_and_inputs(*shape, dtype=dtype, scoring=scoring, reach=2 if shape[2] > 5 else 1)
+    module = module.cuda()
+    inputs = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+    eager_out, eager_grads = values_and_grads(module, "eager", inputs)
+    fused_out, fused_grads = values_and_grads(module, "auto", inputs)
+    for eager, fused in zip([*eager_out, *eager_grads.values()], [*fused_out, *fused_grads.values()], strict=True):
         torch.testing.assert_close(fused, eager, **TOLERANCE[dtype])
 
 

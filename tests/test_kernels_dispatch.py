@@ -24,20 +24,19 @@ triton_stage = pytest.mark.triton  # `make test` deselects these; `make test-tri
 # (op, call, the index of the FALLBACKS row that must decide it): one case per row
 CASES = [
     ("pointer_recurrence", Call("eager", CPU, F32), 0),
-    ("pointer_recurrence", Call("auto", CPU, F32, shift=True), 1),
-    ("pointer_recurrence", Call("fused", CPU, F32, per_step=True), 2),
-    ("mode2_read", Call("auto", CPU, F32, per_step=True), 3),
-    ("pointer_recurrence", Call("auto", CPU, F32, compiled_step=True), 4),
-    ("controller_gru", Call("auto", CUDA, F32, controller_read=True), 5),
-    ("cosine_normalize", Call("auto", CUDA, F32), 6),
-    ("controller_pool", Call("triton", CPU, F32), 6),
-    ("controller_gru", Call("auto", CPU, F32, uniform=False), 7),
-    ("pointer_recurrence", Call("auto", META, F32), 8),
-    ("pointer_recurrence", Call("auto", CPU, torch.float16), 9),
-    ("pointer_recurrence", Call("auto", CUDA, torch.bfloat16), 9),
-    ("controller_gru", Call("auto", CPU, F32), 10),  # with no C compiler (patched below)
-    ("pointer_recurrence", Call("auto", CUDA, F32), 11),  # with no Triton (patched below)
-    ("pointer_recurrence", Call("triton", CPU, F32), 12),  # with the interpreter off (patched below)
+    ("pointer_recurrence", Call("fused", CPU, F32, per_step=True), 1),
+    ("mode2_read", Call("auto", CPU, F32, per_step=True), 2),
+    ("pointer_recurrence", Call("auto", CPU, F32, compiled_step=True), 3),
+    ("controller_gru", Call("auto", CUDA, F32, controller_read=True), 4),
+    ("cosine_normalize", Call("auto", CUDA, F32), 5),
+    ("controller_pool", Call("triton", CPU, F32), 5),
+    ("controller_gru", Call("auto", CPU, F32, uniform=False), 6),
+    ("pointer_recurrence", Call("auto", META, F32), 7),
+    ("pointer_recurrence", Call("auto", CPU, torch.float16), 8),
+    ("pointer_recurrence", Call("auto", CUDA, torch.bfloat16), 8),
+    ("controller_gru", Call("auto", CPU, F32), 9),  # with no C compiler (patched below)
+    ("pointer_recurrence", Call("auto", CUDA, F32), 10),  # with no Triton (patched below)
+    ("pointer_recurrence", Call("triton", CPU, F32), 11),  # with the interpreter off (patched below)
 ]
 
 
@@ -45,7 +44,7 @@ def test_every_fallback_row_gives_its_reason_for_its_case(monkeypatch):
     monkeypatch.setattr(dispatch, "load_library", lambda dtype: "no C compiler found (set $CC or install cc/gcc)")
     monkeypatch.setattr(dispatch, "register_triton", lambda: "the Triton kernel needs Triton (missing)")
     for op, call, row in CASES:
-        if row == 12:
+        if row == 11:
             monkeypatch.setattr(dispatch, "register_triton", lambda: None)
             monkeypatch.setattr(dispatch, "triton_interpreted", lambda: False)
         reason = FALLBACKS[row][3]
@@ -53,7 +52,6 @@ def test_every_fallback_row_gives_its_reason_for_its_case(monkeypatch):
         assert decide(op, call) == dispatch.Decision("eager", expected), (op, call)
     assert {row for *_, row in CASES} == set(range(len(FALLBACKS)))  # no row untested
     assert "TRITON_INTERPRET=1" in decide(*CASES[-1][:2]).reason
-    assert 'pointer_update="shift"' in decide(*CASES[1][:2]).reason
 
 
 def test_the_kernel_when_nothing_falls_back(monkeypatch):
@@ -64,25 +62,28 @@ def test_the_kernel_when_nothing_falls_back(monkeypatch):
     assert decide("pointer_recurrence", Call("fused", CUDA, F32)).kernel == "triton"
     assert decide("pointer_recurrence", Call("triton", CPU, torch.float64)).kernel == "triton"
     assert decide("controller_gru", Call("fused", CUDA, torch.float16)).kernel == "cudnn"  # cuDNN's GRU, no raise
-    assert decide("controller_gru", Call("triton", CPU, F32)).kernel == "cudnn"  # the CUDA path: nn.GRU
+    assert decide("controller_gru", Call("triton", CPU, F32)).kernel == "triton"  # its port, as cuDNN's one op
+    assert decide("controller_gru", Call("auto", CUDA, F32)).kernel == "cudnn"  # CUDA's "auto" keeps cuDNN's GRU
     for op in dispatch.C_ONLY:
         assert decide(op, Call("auto", CPU, F32)).kernel == "c"
 
 
 def test_forced_settings_raise_for_the_recurrences_only():
     for setting in ("fused", "triton"):
-        with pytest.raises(ValueError, match=f'recurrence_kernel="{setting}" cannot run the loop: .*shift.*"auto"'):
-            require("pointer_recurrence", Call(setting, CPU, F32, shift=True), "the loop")
+        with pytest.raises(ValueError, match=f'recurrence_kernel="{setting}" cannot run the loop: .*per-step.*"auto"'):
+            require("pointer_recurrence", Call(setting, CPU, F32, per_step=True), "the loop")
     with pytest.raises(ValueError, match="differ in dtype"):
         require("controller_gru", Call("fused", CPU, F32, uniform=False), "the GRU")
-    assert require("controller_gru", Call("triton", CPU, F32, uniform=False), "the GRU").kernel == "cudnn"  # nn.GRU
-    assert require("pointer_recurrence", Call("auto", CPU, F32, shift=True), "the loop").kernel == "eager"
+    with pytest.raises(ValueError, match='recurrence_kernel="triton" cannot run the GRU: .*differ in dtype'):
+        require("controller_gru", Call("triton", CPU, F32, uniform=False), "the GRU")  # its Triton port, forced
+    assert require("controller_gru", Call("fused", CUDA, F32, uniform=False), "the GRU").kernel == "cudnn"  # nn.GRU
+    assert require("pointer_recurrence", Call("auto", CPU, F32, per_step=True), "the loop").kernel == "eager"
     assert require("mode2_read", Call("fused", CPU, F32, per_step=True), "the read").kernel == "eager"
 
 
 def test_triton_setting_is_validated(monkeypatch):
-    with pytest.raises(ValueError, match='recurrence_kernel="triton" cannot run pointer_update=.shift.'):
-        PanmMemoryConfig(recurrence_kernel="triton", pointer_update="shift")
+    for setting in ("fused", "triton"):  # both Pointer-Unit updates have a fused kernel
+        assert PanmMemoryConfig(recurrence_kernel=setting, pointer_update="shift").pointer_update == "shift"
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *args: None)
     with pytest.raises(ValueError, match='recurrence_kernel="triton" needs Triton.*pip install triton'):
         PanmMemoryConfig(recurrence_kernel="triton")

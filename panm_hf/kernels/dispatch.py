@@ -2,11 +2,12 @@
 
 The modules that run these ops describe a call (`Call`) and ask `decide(op, call)`; they never test devices,
 dtypes or settings themselves. The answer names the kernel, `"c"` (the C kernels, `loader.py`), `"triton"`
-(`triton_port.py`), `"cudnn"` (`nn.GRU`, one cuDNN kernel on CUDA) or `"eager"` (plain PyTorch ops, the
-reference), and for `"eager"` the reason: the first row of `FALLBACKS` that holds for the call.
+(the Triton ports: `triton_port.py`, `triton_shift.py`, `triton_gru.py`), `"cudnn"` (`nn.GRU`, one cuDNN op on
+CUDA) or `"eager"` (plain PyTorch ops, the reference), and for `"eager"` the reason: the first row of `FALLBACKS`
+that holds for the call.
 
 Ops (`OPS`):
-    pointer_recurrence: the Pointer-Unit loop (`PointerUnits.forward`).
+    pointer_recurrence: the Pointer-Unit loop (`PointerUnits.forward`), either `pointer_update`.
     controller_gru: the Controller GRU over all steps (`Controller.forward`).
     cosine_normalize: cosine scoring's `scale * normalize(x)` (`AttentionScorer`, address keys).
     mode2_read: the Mode-2 read after its query MLP (`Mode2Reader`).
@@ -14,8 +15,10 @@ Ops (`OPS`):
 
 Under `recurrence_kernel="fused"` or `"triton"` a recurrence (`RECURRENCES`) that falls back raises a
 ValueError with the reason (`require`); the other ops fall back silently under every setting.
-`"triton"` runs the code path CUDA takes, on any device: the Pointer-Unit loop in the Triton port (on CPU
-under Triton's interpreter), the Controller in `nn.GRU`, everything else in plain torch ops.
+`"triton"` runs the code path CUDA takes, on any device (on CPU under Triton's interpreter): the Pointer-Unit
+loop in its Triton port, everything else in plain torch ops; the Controller GRU in its Triton port, where CUDA's
+`"auto"` keeps cuDNN's `nn.GRU` (one op forward and one backward there, as the port is one launch each way;
+`nn.GRU` on CPU would dispatch every step's ops).
 """
 
 from __future__ import annotations
@@ -25,8 +28,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ..memory_config import CONTROLLER_READ_STEPS, SHIFT_HAS_NO_KERNEL
+from ..memory_config import CONTROLLER_READ_STEPS
 from .loader import DTYPES, load_library, register_triton, triton_interpreted
+from .shift_recurrence import shift_recurrence  # noqa: F401  (registers panm_hf::shift_recurrence)
 
 OPS = ("pointer_recurrence", "controller_gru", "cosine_normalize", "mode2_read", "controller_pool")
 RECURRENCES = ("pointer_recurrence", "controller_gru")  # "fused" and "triton" raise when these fall back
@@ -41,7 +45,6 @@ class Call:
         setting: `PanmMemoryConfig.recurrence_kernel`.
         device, dtype: of the call's tensors.
         uniform: every tensor and parameter of the call shares the dtype and device.
-        shift: `pointer_update="shift"`.
         per_step: per-step masks, a step mask or anchors (causal decoding).
         compiled_step: `PointerUnits.compile_step()` was called.
         controller_read: `content_read="controller"`.
@@ -51,7 +54,6 @@ class Call:
     device: torch.device
     dtype: torch.dtype
     uniform: bool = True
-    shift: bool = False
     per_step: bool = False
     compiled_step: bool = False
     controller_read: bool = False
@@ -70,6 +72,8 @@ def candidate(op: str, call: Call) -> str:
     cuda_path = call.device.type == "cuda" or call.setting == "triton"
     if cuda_path and op == "pointer_recurrence":
         return "triton"
+    if call.setting == "triton" and op == "controller_gru":  # its Triton port: one launch, as cuDNN's is one op
+        return "triton"
     if cuda_path and op == "controller_gru":
         return "cudnn"
     return "c"
@@ -85,7 +89,6 @@ ANY = ("c", "triton", "cudnn")
 # when `when(call)` holds, for `reason` (a string, or a function of the call). The first row that holds wins.
 FALLBACKS: tuple[tuple[tuple[str, ...], tuple[str, ...], Callable[[Call], bool], str | Callable[[Call], str]], ...] = (
     (OPS, ANY, lambda c: c.setting == "eager", 'recurrence_kernel="eager" keeps every op in plain PyTorch'),
-    (("pointer_recurrence",), ANY, lambda c: c.shift, SHIFT_HAS_NO_KERNEL),
     (("pointer_recurrence",), ANY, lambda c: c.per_step,
      "per-step masks and anchors (causal decoding) run step by step"),
     (("mode2_read",), ANY, lambda c: c.per_step, "a per-step (causal) mask is read with plain torch ops"),

@@ -15,16 +15,17 @@ They are exposed as `torch.library` custom ops, `panm_hf::pointer_recurrence` (f
 final pointers and hidden, plus the per-step states the backward needs) with
 `panm_hf::pointer_recurrence_backward`, and `panm_hf::gru_recurrence` with
 `panm_hf::gru_recurrence_backward`, wired with `register_autograd`, with fake (meta) kernels so
-`torch.compile` can trace through them. Scope: `pointer_update="attention"` with a (batch, slots)
-mask, on CPU in float32/float64; everything else runs the eager loop and `nn.GRU`, which stay the
-reference (`PanmMemoryConfig.recurrence_kernel`). On CUDA the Pointer-Unit ops dispatch to a Triton
-port of the same algorithm (`triton_port.py`), registered on first use (`register_triton`). Which path
-each op takes, and why, is decided in `dispatch.py` alone.
+`torch.compile` can trace through them (`pointer_update="shift"` has its own pair, `shift_recurrence.py`,
+built from the same C helpers). Scope: a (batch, slots) mask, on CPU in float32/float64; everything else
+runs the eager loop and `nn.GRU`, which stay the reference (`PanmMemoryConfig.recurrence_kernel`). On CUDA
+the Pointer-Unit ops dispatch to Triton ports of the same algorithms (`triton_port.py`, `triton_shift.py`),
+registered on first use (`register_triton`), as is the Controller GRU's (`triton_gru.py`, which
+`recurrence_kernel="triton"` runs). Which path each op takes, and why, is decided in `dispatch.py` alone.
 
 The same C source holds three smaller kernels used outside the loops, each one op forward and one
 backward: `panm_hf::normalize_rows` (cosine scoring's `scale * normalize(x)`, optionally writing the
-unit-major address keys batch-major), `panm_hf::mode2_attention` (the Mode-2 read after its query MLP)
-and `panm_hf::masked_pool` (`h^c_0`'s masked mean or sum of `M`).
+unit-major address keys batch-major), `panm_hf::mode2_attention` (the Mode-2 read after its query MLP, and
+the decoder content read) and `panm_hf::masked_pool` (`h^c_0`'s masked mean or sum of `M`).
 """
 
 from __future__ import annotations
@@ -96,6 +97,8 @@ _DIMS = [_LONG] * 6 + [ctypes.c_int, ctypes.c_double]  # units, batch, steps, sl
 _SIGNATURES = {
     "pointer_forward": _DIMS + [_PTR, _PTR, _PTR, _LONG, _LONG] + [_PTR] * 14,
     "pointer_backward": _DIMS + [_PTR, _LONG, _LONG] + [_PTR] * 23,
+    "shift_forward": _DIMS + [_PTR, _PTR, _PTR, _LONG, _LONG] + [_PTR] * 14 + [_LONG] + [_PTR] * 7,  # K, w0, ...
+    "shift_backward": _DIMS + [_PTR, _LONG, _LONG] + [_PTR] * 23 + [_LONG] + [_PTR] * 10,
     "gru_forward": [_LONG] * 3 + [_PTR] * 7,  # batch, steps, hidden
     "gru_backward": [_LONG] * 3 + [_PTR] * 11,
     "normalize_forward": [_LONG] * 4 + [ctypes.c_int] + [_PTR] * 4,  # A, Bt, S, dim, swap
@@ -136,26 +139,36 @@ def load_library(dtype_name: str) -> ctypes.CDLL | str:
 
 @functools.cache
 def register_triton() -> str | None:
-    """Register the Triton port (`triton_port`) as the Pointer-Unit ops' CUDA kernels, and as
-    `panm_hf::pointer_recurrence_triton` on every device (what `recurrence_kernel="triton"` calls); a string
-    saying why when Triton is missing."""
+    """Register the Triton ports (`triton_port`, `triton_shift`, `triton_gru`) as the recurrences' CUDA kernels, and
+    as `panm_hf::pointer_recurrence_triton`, `shift_recurrence_triton` and `gru_recurrence_triton` on every device
+    (what `recurrence_kernel="triton"` calls); a string saying why when Triton is missing."""
     try:
+        from .triton_gru import gru_backward_triton, gru_forward_triton
         from .triton_port import pointer_backward_triton, pointer_forward_triton
+        from .triton_shift import shift_backward_triton, shift_forward_triton
     except ImportError as error:
         return f"the Triton kernel needs Triton ({error}); install it with `pip install triton`"
-    torch.library.register_kernel("panm_hf::pointer_recurrence", "cuda", pointer_forward_triton)
-    torch.library.register_kernel("panm_hf::pointer_recurrence_backward", "cuda", pointer_backward_triton)
-    if not _registered("pointer_recurrence_triton"):
-        for name, impl, fake in (
-            ("pointer_recurrence_triton", pointer_forward_triton, _pointer_recurrence_fake),
-            ("pointer_recurrence_triton_backward", pointer_backward_triton, _pointer_recurrence_backward_fake),
-        ):  # the C ops' schemas: same arguments and outputs
-            schema = str(getattr(torch.ops.panm_hf, name.replace("_triton", "")).default._schema)
+    from .shift_recurrence import TRITON_AUTOGRAD, _shift_recurrence_backward_fake, _shift_recurrence_fake
+
+    ports = (
+        ("pointer_recurrence", pointer_forward_triton, pointer_backward_triton, _pointer_recurrence_fake,
+         _pointer_recurrence_backward_fake, (_triton_backward, _setup_context)),
+        ("shift_recurrence", shift_forward_triton, shift_backward_triton, _shift_recurrence_fake,
+         _shift_recurrence_backward_fake, TRITON_AUTOGRAD),
+        ("gru_recurrence", gru_forward_triton, gru_backward_triton, _gru_recurrence_fake,
+         _gru_recurrence_backward_fake, (_gru_triton_backward, _gru_setup_context)),
+    )  # fmt: skip
+    for name, forward, backward, fake, backward_fake, (autograd_backward, setup_context) in ports:
+        torch.library.register_kernel(f"panm_hf::{name}", "cuda", forward)
+        torch.library.register_kernel(f"panm_hf::{name}_backward", "cuda", backward)
+        if _registered(f"{name}_triton"):
+            continue
+        for op, impl, op_fake in ((name, forward, fake), (f"{name}_backward", backward, backward_fake)):
+            schema = str(getattr(torch.ops.panm_hf, op).default._schema)  # the C ops' arguments and outputs
             schema = schema[schema.index("(") :]
-            torch.library.custom_op(f"panm_hf::{name}", impl, mutates_args=(), schema=schema).register_fake(fake)
-        torch.library.register_autograd(
-            "panm_hf::pointer_recurrence_triton", _triton_backward, setup_context=_setup_context
-        )
+            triton_op = f"panm_hf::{op.replace(name, name + '_triton')}"
+            torch.library.custom_op(triton_op, impl, mutates_args=(), schema=schema).register_fake(op_fake)
+        torch.library.register_autograd(f"panm_hf::{name}_triton", autograd_backward, setup_context=setup_context)
     return None
 
 
@@ -198,12 +211,28 @@ def pointer_recurrence(
         and, for the backward, the states `h_0..h_T`, `p_0..p_T`, the gates `r|z|n|gh_n`, the norms of
         `h_t` and the softmax probabilities.
     """
+    gru = (input_weight, input_bias, hidden_weight, hidden_bias)
+    return run_recurrence("pointer_forward", pointers, hidden, keys, bank, mask, gru, inverse_temperature, num_steps)
+
+
+def _tau(inverse_temperature: Tensor | None) -> tuple[int, float]:
+    # (cosine, tau) as the C kernels take them
+    return (1, float(inverse_temperature)) if inverse_temperature is not None else (0, 1.0)
+
+
+def run_recurrence(
+    function: str, pointers: Tensor, hidden: Tensor, keys: Tensor, bank: Tensor, mask: Tensor, gru: tuple,
+    inverse_temperature: Tensor | None, num_steps: int, extra_inputs: tuple = (), extra_shapes: tuple = (),
+) -> tuple[Tensor, ...]:
+    """Call the C forward `function` (`pointer_forward`, or `shift_forward` with its `extra_inputs`, ints or tensors,
+    and outputs of `extra_shapes` appended) on contiguous tensors; return `pointer_recurrence`'s eight outputs and
+    the extra ones."""
     library = load_library(DTYPES[keys.dtype])
     batch, units, slots, size = keys.shape
     bits = bank.shape[-1]
     pointers, hidden, bank = pointers.contiguous(), hidden.contiguous(), bank.contiguous()
     mask = mask.to(torch.bool).contiguous()
-    params = [p.contiguous() for p in (input_weight, input_bias, hidden_weight, hidden_bias)]
+    params = [p.contiguous() for p in gru]  # W_i, b_i, W_h, b_h
     if keys.stride(3) != 1 or keys.stride(2) != size:  # the kernel walks each row's (slots, hidden) block
         keys = keys.contiguous()
     new = functools.partial(torch.empty, dtype=keys.dtype, device=keys.device)
@@ -216,13 +245,14 @@ def pointer_recurrence(
         new(batch, units, num_steps, 4 * size),  # r | z | n | gh_n
         new(batch, units, num_steps),  # |h_t|
         new(batch, units, num_steps, slots),  # softmax probabilities
+        *(new(*shape) for shape in extra_shapes),
     )
-    cosine = inverse_temperature is not None
-    tau = float(inverse_temperature) if cosine else 1.0
-    library.pointer_forward(
-        units, batch, num_steps, slots, bits, size, int(cosine), tau,
+    kept = [x if isinstance(x, int) else x.contiguous() for x in extra_inputs]  # alive through the call
+    extra = [x if isinstance(x, int) else _ptr(x) for x in kept]
+    getattr(library, function)(
+        units, batch, num_steps, slots, bits, size, *_tau(inverse_temperature),
         _ptr(pointers), _ptr(hidden), _ptr(keys), keys.stride(0), keys.stride(1), _ptr(bank), _ptr(mask),
-        *map(_ptr, params), *map(_ptr, outputs),
+        *map(_ptr, params), *map(_ptr, outputs[:8]), *extra, *map(_ptr, outputs[8:]),
     )  # fmt: skip
     return outputs
 
@@ -261,19 +291,28 @@ def pointer_recurrence_backward(
     `p_t (units, bits, batch*steps)` (written transposed: the GEMMs read them as they are) and the gate
     gradients `(units, batch*steps, 3 hidden)` of `W_h`, `W_i`.
     Missing output gradients count as zeros."""
+    states = (hidden_states, pointer_states, gates, norms, probs)
+    return run_recurrence_backward(
+        "pointer_backward", (grad_weights, grad_pointers, grad_hidden), keys, bank, mask, input_weight, hidden_weight,
+        inverse_temperature, states,
+    )  # fmt: skip
+
+
+def run_recurrence_backward(
+    function: str, grads: tuple, keys: Tensor, bank: Tensor, mask: Tensor, input_weight: Tensor,
+    hidden_weight: Tensor, inverse_temperature: Tensor | None, states: tuple, extra_inputs: tuple = (),
+    extra_shapes: tuple = (),
+) -> tuple[Tensor, ...]:
+    """Call the C backward `function` (`pointer_backward`, or `shift_backward` with its `extra_inputs`, ints or
+    tensors, and outputs of `extra_shapes` appended); return `pointer_recurrence_backward`'s eleven outputs and the
+    extra ones. `grads`: the output gradients `(weights, pointers, hidden)`, None for zeros."""
     library = load_library(DTYPES[keys.dtype])
     batch, units, slots, size = keys.shape
-    bits, steps = bank.shape[-1], probs.shape[2]
+    bits, steps = bank.shape[-1], states[-1].shape[2]
     new = functools.partial(torch.empty, dtype=keys.dtype, device=keys.device)
-
-    def grad_or_zeros(grad: Tensor | None, *shape: int) -> Tensor:
-        return grad.contiguous() if grad is not None else torch.zeros(shape, dtype=keys.dtype, device=keys.device)
-
-    grads_in = (
-        grad_or_zeros(grad_weights, batch, steps, units, slots),
-        grad_or_zeros(grad_pointers, batch, units, bits),
-        grad_or_zeros(grad_hidden, batch, units, size),
-    )
+    shapes = ((batch, steps, units, slots), (batch, units, bits), (batch, units, size))
+    grads_in = [torch.zeros(shape, dtype=keys.dtype, device=keys.device) if grad is None else grad.contiguous()
+                for grad, shape in zip(grads, shapes)]  # fmt: skip
     if keys.stride(3) != 1 or keys.stride(2) != size:
         keys = keys.contiguous()
     bank, mask = bank.contiguous(), mask.to(torch.bool).contiguous()
@@ -283,13 +322,14 @@ def pointer_recurrence_backward(
         new(batch, units, bits), new(batch, units, size), new(batch, units, slots, size), new(batch, slots, bits),
         new(units, 3 * size), new(units, 3 * size), new(()),
         new(units, size, rows), new(units, bits, rows), new(units, rows, 3 * size), new(units, rows, 3 * size),
+        *(new(*shape) for shape in extra_shapes),
     )  # fmt: skip
-    cosine = inverse_temperature is not None
-    tau = float(inverse_temperature) if cosine else 1.0
-    library.pointer_backward(
-        units, batch, steps, slots, bits, size, int(cosine), tau,
+    kept = [x if isinstance(x, int) else x.contiguous() for x in extra_inputs]  # alive through the call
+    extra = [x if isinstance(x, int) else _ptr(x) for x in kept]
+    getattr(library, function)(
+        units, batch, steps, slots, bits, size, *_tau(inverse_temperature),
         _ptr(keys), keys.stride(0), keys.stride(1), _ptr(bank), _ptr(mask), _ptr(input_weight), _ptr(hidden_weight),
-        *map(_ptr, (hidden_states, pointer_states, gates, norms, probs)), *map(_ptr, grads_in), *map(_ptr, outputs),
+        *map(_ptr, states), *map(_ptr, grads_in), *map(_ptr, outputs[:11]), *extra, *map(_ptr, outputs[11:]),
     )  # fmt: skip
     return outputs
 
@@ -401,11 +441,17 @@ def _gru_setup_context(ctx, inputs, output):
     ctx.mark_non_differentiable(gates)
 
 
-def _gru_backward(ctx, grad_states, grad_last, _):
-    d_input_gates, d_hidden, d_hidden_bias, h_rows, dgh = torch.ops.panm_hf.gru_recurrence_backward(
-        grad_states, grad_last, *ctx.saved_tensors
-    )
+def _gru_backward_with(backward_op, ctx, grad_states, grad_last):
+    d_input_gates, d_hidden, d_hidden_bias, h_rows, dgh = backward_op(grad_states, grad_last, *ctx.saved_tensors)
     return d_input_gates, d_hidden, torch.mm(dgh, h_rows), d_hidden_bias  # d W_hh: (3 hidden, hidden)
+
+
+def _gru_backward(ctx, grad_states, grad_last, _):
+    return _gru_backward_with(torch.ops.panm_hf.gru_recurrence_backward, ctx, grad_states, grad_last)
+
+
+def _gru_triton_backward(ctx, grad_states, grad_last, _):
+    return _gru_backward_with(torch.ops.panm_hf.gru_recurrence_triton_backward, ctx, grad_states, grad_last)
 
 
 def _normalize_layout(x: Tensor, batch: int) -> tuple[tuple[int, int, int, int], bool]:

@@ -7,8 +7,8 @@ carries `.py` files only; `remote_code_files` flattens this folder into it) carr
 
 SOURCE = r"""
 /* PANM's two recurrences for all decoding steps in one call each, forward and backward: the Pointer Units
- * (paper, Eqs. 1-3; PointerUnits.forward with pointer_update="attention") and, at the end of this file,
- * the Controller GRU (Eq. 7). Plain C, no torch headers: compiled once per machine by
+ * (paper, Eqs. 1-3; PointerUnits.forward with pointer_update="attention", and "shift": struct shift below)
+ * and, further down, the Controller GRU (Eq. 7). Plain C, no torch headers: compiled once per machine by
  * panm_hf/kernels/loader.py with `cc -O3 -fopenmp-simd -shared -fPIC [-DUSE_DOUBLE]` and called through
  * ctypes on contiguous tensors. The eager loop in panm_hf/pointer_unit.py (and nn.GRU) is the reference.
  *
@@ -29,6 +29,7 @@ SOURCE = r"""
  *   Saved for the backward: hs (B, U, T+1, H), ps (B, U, T+1, NB), gates (B, U, T, 4H) = r | z | n | gh_n,
  *   norms (B, U, T), probs (B, U, T, S).
  */
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,12 +39,18 @@ typedef double real;
 #define EXP exp
 #define TANH tanh
 #define SQRT sqrt
+#define LOG log
+#define LOG1P log1p
+#define TINY DBL_MIN
 #define JB 8
 #else
 typedef float real;
 #define EXP expf
 #define TANH tanhf
 #define SQRT sqrtf
+#define LOG logf
+#define LOG1P log1pf
+#define TINY FLT_MIN
 #define JB 16
 #endif
 
@@ -103,17 +110,97 @@ static real dot(const real *a, const real *b, long n) {
     return acc;
 }
 
-void pointer_forward(long U, long B, long T, long S, long NB, long H, int cosine, double tau_d,
-                     const real *p0, const real *h0, const real *keys, long ks_b, long ks_u,
-                     const real *bank, const unsigned char *mask, const real *w_i, const real *b_i,
-                     const real *w_h, const real *b_h, real *weights, real *p_final, real *h_final,
-                     real *hs, real *ps, real *gates, real *norms, real *probs) {
-    const long G = 3 * H;
+/* pointer_update="shift" (pointer_arithmetic.py), NULL for "attention": per unit u, a head of M = 2K + 2 move
+ * logits on h' and a sharpening exponent. Per row and step, with P the address attention above (not masked)
+ * and v = w_{t-1} (w_0 given, then the previous step's output weights):
+ *   c = softmax(h' W_m[u] + b_m[u])   mixed[s] = sum_{i=0}^{2K} c_i v[s - (K - i)] + c_{M-1} P[s]
+ *   gamma = 1 + softplus(sharpening[u])
+ *   Q = softmax_s(gamma log max(mixed, TINY) + (mask[s] ? 0 : -65504))   w = Q mask   p' = sum_s w[s] A[s]
+ * (weight moved past either end of [0, S) is dropped). Layouts: w0 (B, U, S), head_w (U, H, M), head_b (U, M),
+ * sharpening (U); saved for the backward: moves c (B, U, T, M), mixed and Q (B, U, T, S). */
+struct shift {
+    long K;
+    const real *w0, *head_w, *head_b, *sharpening;
+    real *moves, *mixed, *sharp;  /* forward: written; backward: read */
+    real *d_w0, *d_head_w, *d_head_b, *d_sharpening;  /* backward only: (B, U, S), (U, H, M), (U, M), (U) */
+};
+
+static real softplus(real x) { return x > 20 ? x : LOG1P(EXP(x)); }  /* torch's threshold 20 */
+
+/* One row's GRU update from the tile's products x = p W_i and g = h W_h (biases added here): h' into hn, the
+ * gates r | z | n | gh_n into gt; returns |h'|. */
+static real gru_cell(long H, const real *x, const real *g, const real *Bi, const real *Bh, const real *h, real *hn,
+                     real *gt) {
+    real sq = 0;
+    for (long j = 0; j < H; j++) {
+        const real r = sigmoid(x[j] + Bi[j] + g[j] + Bh[j]);
+        const real z = sigmoid(x[H + j] + Bi[H + j] + g[H + j] + Bh[H + j]);
+        const real ghn = g[2 * H + j] + Bh[2 * H + j];
+        const real n = TANH(x[2 * H + j] + Bi[2 * H + j] + r * ghn);
+        const real hj = (1 - z) * n + z * h[j];
+        gt[j] = r; gt[H + j] = z; gt[2 * H + j] = n; gt[3 * H + j] = ghn;
+        hn[j] = hj;
+        sq += hj * hj;
+    }
+    return SQRT(sq);
+}
+
+/* The address attention of one row: P = softmax_s(q . K[s] + (m[s] ? 0 : -65504)), q the scaled h' (q: scratch). */
+static void address_attention(long S, long H, int cosine, real tau, const real *hn, real norm, const real *K,
+                              const unsigned char *m, real *q, real *P) {
+    const real scale = cosine ? tau / (norm > (real)EPS ? norm : (real)EPS) : (real)1;
+    for (long j = 0; j < H; j++) q[j] = hn[j] * scale;
+    real top = -INFINITY, total = 0;
+    for (long s = 0; s < S; s++) {
+        P[s] = (m[s] ? 0 : (real)MASKED) + dot(q, K + s * H, H);
+        if (P[s] > top) top = P[s];
+    }
+    for (long s = 0; s < S; s++) { P[s] = EXP(P[s] - top); total += P[s]; }
+    for (long s = 0; s < S; s++) P[s] /= total;
+}
+
+/* The shift update of one row (struct shift): c, mixed and Q from h', P and v = w_{t-1}. */
+static void shift_update(long S, long H, long K, real gamma, const real *hn, const real *Wm, const real *Bm,
+                         const real *P, const real *v, const unsigned char *m, real *c, real *mixed, real *Q) {
+    const long M = 2 * K + 2;
+    real top = -INFINITY, total = 0;
+    for (long k = 0; k < M; k++) {
+        real acc = Bm[k];
+        for (long j = 0; j < H; j++) acc += hn[j] * Wm[j * M + k];
+        c[k] = acc;
+        if (acc > top) top = acc;
+    }
+    for (long k = 0; k < M; k++) { c[k] = EXP(c[k] - top); total += c[k]; }
+    for (long k = 0; k < M; k++) c[k] /= total;
+    top = -INFINITY;
+    for (long s = 0; s < S; s++) {
+        real acc = 0;
+        for (long i = 0; i <= 2 * K; i++) {
+            const long from = s - (K - i);
+            if (from >= 0 && from < S) acc += c[i] * v[from];
+        }
+        mixed[s] = acc + c[M - 1] * P[s];
+        Q[s] = (m[s] ? 0 : (real)MASKED) + gamma * LOG(mixed[s] >= (real)TINY ? mixed[s] : (real)TINY);
+        if (Q[s] > top) top = Q[s];
+    }
+    total = 0;
+    for (long s = 0; s < S; s++) { Q[s] = EXP(Q[s] - top); total += Q[s]; }
+    for (long s = 0; s < S; s++) Q[s] /= total;
+}
+
+/* Both Pointer-Unit recurrences' forward ("shift" when sh is not NULL); see pointer_forward and struct shift. */
+static void recurrence_forward(long U, long B, long T, long S, long NB, long H, int cosine, double tau_d,
+                               const real *p0, const real *h0, const real *keys, long ks_b, long ks_u,
+                               const real *bank, const unsigned char *mask, const real *w_i, const real *b_i,
+                               const real *w_h, const real *b_h, real *weights, real *p_final, real *h_final,
+                               real *hs, real *ps, real *gates, real *norms, real *probs, const struct shift *sh) {
+    const long G = 3 * H, M = sh ? 2 * sh->K + 2 : 0;
     const real tau = (real)tau_d;
     real *hpack = zeros(TILE * H), *ppack = zeros(TILE * NB), *gh = zeros(TILE * G), *gi = zeros(TILE * G);
     real *q = zeros(H);
     for (long u = 0; u < U; u++) {
         const real *Wi = w_i + u * NB * G, *Bi = b_i + u * G, *Wh = w_h + u * H * G, *Bh = b_h + u * G;
+        const real gamma = sh ? 1 + softplus(sh->sharpening[u]) : (real)1;
         for (long b0 = 0; b0 < B; b0 += TILE) {
             const long nb = B - b0 < TILE ? B - b0 : TILE;
             memset(hpack, 0, sizeof(real) * TILE * H);
@@ -129,41 +216,24 @@ void pointer_forward(long U, long B, long T, long S, long NB, long H, int cosine
                 tile_matmul(hpack, H, Wh, G, gh, 0);  /* h W_h for the tile */
                 tile_matmul(ppack, NB, Wi, G, gi, 0);  /* p W_i */
                 for (long i = 0; i < nb; i++) {
-                    const long b = b0 + i, row = b * U + u;
+                    const long b = b0 + i, row = b * U + u, step = row * T + t;
                     const real *h = hs + row * (T + 1) * H + t * H;
                     real *hn = hs + row * (T + 1) * H + (t + 1) * H, *pn = ps + row * (T + 1) * NB + (t + 1) * NB;
-                    real *gt = gates + (row * T + t) * 4 * H;
-                    const real *g = gh + i * G, *x = gi + i * G;
-                    real sq = 0;
-                    for (long j = 0; j < H; j++) {
-                        const real r = sigmoid(x[j] + Bi[j] + g[j] + Bh[j]);
-                        const real z = sigmoid(x[H + j] + Bi[H + j] + g[H + j] + Bh[H + j]);
-                        const real ghn = g[2 * H + j] + Bh[2 * H + j];
-                        const real n = TANH(x[2 * H + j] + Bi[2 * H + j] + r * ghn);
-                        const real hj = (1 - z) * n + z * h[j];
-                        gt[j] = r; gt[H + j] = z; gt[2 * H + j] = n; gt[3 * H + j] = ghn;
-                        hn[j] = hj;
-                        sq += hj * hj;
-                    }
-                    const real norm = SQRT(sq);
-                    norms[row * T + t] = norm;
-                    const real scale = cosine ? tau / (norm > (real)EPS ? norm : (real)EPS) : (real)1;
-                    for (long j = 0; j < H; j++) q[j] = hn[j] * scale;
-                    const real *K = keys + b * ks_b + u * ks_u;
+                    const real norm = gru_cell(H, gi + i * G, gh + i * G, Bi, Bh, h, hn, gates + step * 4 * H);
+                    norms[step] = norm;
                     const unsigned char *m = mask + b * S;
-                    real *P = probs + (row * T + t) * S;
-                    real top = -INFINITY;
-                    for (long s = 0; s < S; s++) {
-                        P[s] = (m[s] ? 0 : (real)MASKED) + dot(q, K + s * H, H);
-                        if (P[s] > top) top = P[s];
+                    real *P = probs + step * S, *w = weights + ((b * T + t) * U + u) * S;
+                    address_attention(S, H, cosine, tau, hn, norm, keys + b * ks_b + u * ks_u, m, q, P);
+                    const real *chosen = P;
+                    if (sh) {
+                        const real *v = t ? w - U * S : sh->w0 + row * S;  /* w_{t-1}: step t - 1's output */
+                        shift_update(S, H, sh->K, gamma, hn, sh->head_w + u * H * M, sh->head_b + u * M, P, v, m,
+                                     sh->moves + step * M, sh->mixed + step * S, sh->sharp + step * S);
+                        chosen = sh->sharp + step * S;
                     }
-                    real total = 0;
-                    for (long s = 0; s < S; s++) { P[s] = EXP(P[s] - top); total += P[s]; }
-                    real *w = weights + ((b * T + t) * U + u) * S;
                     for (long j = 0; j < NB; j++) pn[j] = 0;
                     for (long s = 0; s < S; s++) {
-                        P[s] /= total;
-                        w[s] = m[s] ? P[s] : 0;
+                        w[s] = m[s] ? chosen[s] : 0;
                         const real *a = bank + (b * S + s) * NB;
                         for (long j = 0; j < NB; j++) pn[j] += w[s] * a[j];
                     }
@@ -181,34 +251,146 @@ void pointer_forward(long U, long B, long T, long S, long NB, long H, int cosine
     free(hpack); free(ppack); free(gh); free(gi); free(q);
 }
 
-/* Gradients of every input but the mask and the GRU weights; accumulators are zeroed here. g_weights
- * (B, T, U, S), g_p_final (B, U, NB), g_h_final (B, U, H); d_keys (B, U, S, H) contiguous; d_tau one value.
- * The weight gradients are one GEMM over all rows and steps, left to BLAS: this writes their factors,
- * per unit and row r = b T + t, h_rows (U, H, B T) = h_t and p_rows (U, NB, B T) = p_t (transposed: the GEMM
- * reads them as they are) and the gate gradients dgh_rows, dgi_rows (U, B T, 3H), so that
- * dW_h[u] = h_rows[u] dgh_rows[u], and likewise W_i. */
-void pointer_backward(long U, long B, long T, long S, long NB, long H, int cosine, double tau_d,
-                      const real *keys, long ks_b, long ks_u, const real *bank, const unsigned char *mask,
-                      const real *w_i, const real *w_h, const real *hs, const real *ps, const real *gates,
-                      const real *norms, const real *probs, const real *g_weights, const real *g_p_final,
-                      const real *g_h_final, real *d_p0, real *d_h0, real *d_keys, real *d_bank, real *d_b_i,
-                      real *d_b_h, real *d_tau, real *h_rows_all, real *p_rows_all, real *dgh_rows_all,
-                      real *dgi_rows_all) {
-    const long G = 3 * H;
+void pointer_forward(long U, long B, long T, long S, long NB, long H, int cosine, double tau_d,
+                     const real *p0, const real *h0, const real *keys, long ks_b, long ks_u,
+                     const real *bank, const unsigned char *mask, const real *w_i, const real *b_i,
+                     const real *w_h, const real *b_h, real *weights, real *p_final, real *h_final,
+                     real *hs, real *ps, real *gates, real *norms, real *probs) {
+    recurrence_forward(U, B, T, S, NB, H, cosine, tau_d, p0, h0, keys, ks_b, ks_u, bank, mask, w_i, b_i, w_h, b_h,
+                       weights, p_final, h_final, hs, ps, gates, norms, probs, NULL);
+}
+
+/* pointer_forward's arguments, then the shift's (struct shift): K, w0, head_w, head_b, sharpening, and the saved
+ * moves, mixed, sharp. */
+void shift_forward(long U, long B, long T, long S, long NB, long H, int cosine, double tau_d,
+                   const real *p0, const real *h0, const real *keys, long ks_b, long ks_u,
+                   const real *bank, const unsigned char *mask, const real *w_i, const real *b_i,
+                   const real *w_h, const real *b_h, real *weights, real *p_final, real *h_final,
+                   real *hs, real *ps, real *gates, real *norms, real *probs, long K, const real *w0,
+                   const real *head_w, const real *head_b, const real *sharpening, real *moves, real *mixed,
+                   real *sharp) {
+    const struct shift sh = {K, w0, head_w, head_b, sharpening, moves, mixed, sharp, NULL, NULL, NULL, NULL};
+    recurrence_forward(U, B, T, S, NB, H, cosine, tau_d, p0, h0, keys, ks_b, ks_u, bank, mask, w_i, b_i, w_h, b_h,
+                       weights, p_final, h_final, hs, ps, gates, norms, probs, &sh);
+}
+
+/* Backward of address_attention for one row: dP (dL/dP) -> dh += dL/dh', dK += dL/dK, *dtau += dL/dtau
+ * (q, dq: scratch). */
+static void address_attention_backward(long S, long H, int cosine, real tau, const real *P, const real *dP,
+                                       const real *hn, real norm, const real *K, real *dK, real *q, real *dq,
+                                       real *dh, double *dtau) {
+    real dot_pd = 0;
+    for (long s = 0; s < S; s++) dot_pd += P[s] * dP[s];
+    const real denom = norm > (real)EPS ? norm : (real)EPS;
+    const real scale = cosine ? tau / denom : (real)1;
+    for (long j = 0; j < H; j++) { q[j] = hn[j] * scale; dq[j] = 0; }
+    for (long s = 0; s < S; s++) {  /* softmax backward, then scores = q . K[s] */
+        const real ds = P[s] * (dP[s] - dot_pd);
+        const real *k = K + s * H;
+        real *dk = dK + s * H;
+        for (long j = 0; j < H; j++) { dq[j] += ds * k[j]; dk[j] += ds * q[j]; }
+    }
+    if (cosine) {  /* q = tau u, u = h / max(|h|, eps) */
+        const real dt = dot(dq, hn, H) / denom, udu = tau * dt;
+        *dtau += dt;
+        for (long j = 0; j < H; j++) {
+            const real du = tau * dq[j];
+            dh[j] += norm > (real)EPS ? (du - hn[j] / denom * udu) / norm : du / (real)EPS;
+        }
+    } else {
+        for (long j = 0; j < H; j++) dh[j] += dq[j];
+    }
+}
+
+/* Backward of shift_update for one row: dw (dL/dw, w = Q mask) -> dP (dL/dP), dv (dL/dw_{t-1}), dh += the head's
+ * share of dL/dh', dWm += and dBm += the head's gradients; returns dL/dgamma (dz, dc: scratch of S and M). */
+static real shift_update_backward(long S, long H, long K, real gamma, const real *hn, const real *Wm, const real *P,
+                                  const real *v, const unsigned char *m, const real *c, const real *mixed,
+                                  const real *Q, const real *dw, real *dP, real *dv, real *dh, real *dWm, real *dBm,
+                                  real *dz, real *dc) {
+    const long M = 2 * K + 2;
+    real qd = 0, dgamma = 0;
+    for (long s = 0; s < S; s++) qd += Q[s] * (m[s] ? dw[s] : 0);
+    for (long s = 0; s < S; s++) {  /* softmax backward, then z = gamma log max(mixed, TINY) */
+        const real d = Q[s] * ((m[s] ? dw[s] : 0) - qd), kept = mixed[s] >= (real)TINY ? mixed[s] : (real)TINY;
+        dgamma += d * LOG(kept);
+        dz[s] = mixed[s] >= (real)TINY ? gamma * d / kept : 0;  /* dL/dmixed; the clamp passes none below TINY */
+    }
+    for (long i = 0; i <= 2 * K; i++) {  /* mixed = sum_i c_i v[s - (K - i)] + c_{M-1} P */
+        real acc = 0;
+        for (long s = 0; s < S; s++) {
+            const long from = s - (K - i);
+            if (from >= 0 && from < S) acc += dz[s] * v[from];
+        }
+        dc[i] = acc;
+    }
+    dc[M - 1] = dot(dz, P, S);
+    for (long s = 0; s < S; s++) dP[s] = c[M - 1] * dz[s];
+    for (long j = 0; j < S; j++) {
+        real acc = 0;
+        for (long i = 0; i <= 2 * K; i++) {
+            const long to = j + (K - i);
+            if (to >= 0 && to < S) acc += c[i] * dz[to];
+        }
+        dv[j] = acc;
+    }
+    real cd = 0;  /* c = softmax(h' W_m + b_m) */
+    for (long k = 0; k < M; k++) cd += c[k] * dc[k];
+    for (long k = 0; k < M; k++) { dc[k] = c[k] * (dc[k] - cd); dBm[k] += dc[k]; }
+    for (long j = 0; j < H; j++) {
+        real acc = 0;
+        for (long k = 0; k < M; k++) { acc += Wm[j * M + k] * dc[k]; dWm[j * M + k] += hn[j] * dc[k]; }
+        dh[j] += acc;
+    }
+    return dgamma;
+}
+
+/* Backward of gru_cell for one row: dh (dL/dh') -> the gate gradients gi (of p W_i + b_i) and gh (of h W_h + b_h);
+ * dh becomes the direct share of dL/dh (through h' = ... + z h). */
+static void gru_cell_backward(long H, const real *gt, const real *h, real *dh, real *gi, real *gh) {
+    for (long j = 0; j < H; j++) {
+        const real r = gt[j], z = gt[H + j], n = gt[2 * H + j], ghn = gt[3 * H + j];
+        const real d = dh[j];
+        const real dan = d * (1 - z) * (1 - n * n);
+        const real daz = d * (h[j] - n) * z * (1 - z);
+        const real dar = dan * ghn * r * (1 - r);
+        gi[j] = dar; gi[H + j] = daz; gi[2 * H + j] = dan;
+        gh[j] = dar; gh[H + j] = daz; gh[2 * H + j] = dan * r;
+        dh[j] = d * z;
+    }
+}
+
+/* Both recurrences' backward ("shift" when sh is not NULL); see pointer_backward and struct shift. */
+static void recurrence_backward(long U, long B, long T, long S, long NB, long H, int cosine, double tau_d,
+                                const real *keys, long ks_b, long ks_u, const real *bank, const unsigned char *mask,
+                                const real *w_i, const real *w_h, const real *hs, const real *ps, const real *gates,
+                                const real *norms, const real *probs, const real *g_weights, const real *g_p_final,
+                                const real *g_h_final, real *d_p0, real *d_h0, real *d_keys, real *d_bank,
+                                real *d_b_i, real *d_b_h, real *d_tau, real *h_rows_all, real *p_rows_all,
+                                real *dgh_rows_all, real *dgi_rows_all, const struct shift *sh) {
+    const long G = 3 * H, M = sh ? 2 * sh->K + 2 : 1;
     const real tau = (real)tau_d;
     memset(d_keys, 0, sizeof(real) * B * U * S * H);
     memset(d_bank, 0, sizeof(real) * B * S * NB);
     memset(d_b_i, 0, sizeof(real) * U * G);
     memset(d_b_h, 0, sizeof(real) * U * G);
+    if (sh) {
+        memset(sh->d_head_w, 0, sizeof(real) * U * H * M);
+        memset(sh->d_head_b, 0, sizeof(real) * U * M);
+    }
     double dtau = 0;
     real *dh = zeros(TILE * H), *dp = zeros(TILE * NB), *dgi = zeros(TILE * G), *dgh = zeros(TILE * G);
+    real *dv = zeros(TILE * S);  /* shift: dL/dw_{t-1} of each row of the tile, carried one step back */
     const long R = B * T;  /* rows (b, t) of one unit, for its weight gradients */
     real *WhT = zeros(G * H), *WiT = zeros(G * NB);
-    real *dw = zeros(S), *q = zeros(H), *dq = zeros(H);
+    real *dw = zeros(S), *dP = zeros(S), *dz = zeros(S), *vm = zeros(S), *dc = zeros(M), *q = zeros(H);
+    real *dq = zeros(H);
     for (long u = 0; u < U; u++) {
         real *dBi = d_b_i + u * G, *dBh = d_b_h + u * G;
         real *h_rows = h_rows_all + u * R * H, *p_rows = p_rows_all + u * R * NB;
         real *dgh_rows = dgh_rows_all + u * R * G, *dgi_rows = dgi_rows_all + u * R * G;
+        const real gamma = sh ? 1 + softplus(sh->sharpening[u]) : (real)1;
+        double dgamma = 0;
         transpose(w_h + u * H * G, H, G, WhT);
         transpose(w_i + u * NB * G, NB, G, WiT);
         for (long b0 = 0; b0 < B; b0 += TILE) {
@@ -217,6 +399,7 @@ void pointer_backward(long U, long B, long T, long S, long NB, long H, int cosin
             memset(dp, 0, sizeof(real) * TILE * NB);
             memset(dgh, 0, sizeof(real) * TILE * G);
             memset(dgi, 0, sizeof(real) * TILE * G);
+            memset(dv, 0, sizeof(real) * TILE * S);
             for (long i = 0; i < nb; i++) {
                 const long row = (b0 + i) * U + u;
                 memcpy(dh + i * H, g_h_final + row * H, sizeof(real) * H);
@@ -224,58 +407,37 @@ void pointer_backward(long U, long B, long T, long S, long NB, long H, int cosin
             }
             for (long t = T - 1; t >= 0; t--) {
                 for (long i = 0; i < nb; i++) {
-                    const long b = b0 + i, row = b * U + u;
+                    const long b = b0 + i, row = b * U + u, step = row * T + t;
                     real *dhi = dh + i * H, *dpi = dp + i * NB;
-                    const real *P = probs + (row * T + t) * S, *gw = g_weights + ((b * T + t) * U + u) * S;
+                    const real *P = probs + step * S, *gw = g_weights + ((b * T + t) * U + u) * S;
+                    const real *chosen = sh ? sh->sharp + step * S : P;
                     const unsigned char *m = mask + b * S;
-                    /* p_t = sum_s w[s] A[s], and w_t is an output: dL/dw, then through w = P mask */
-                    real dot_pd = 0;
+                    /* p_t = sum_s w[s] A[s], and w_t is an output (and, under shift, step t + 1's w_{t-1}) */
                     for (long s = 0; s < S; s++) {
                         const real *a = bank + (b * S + s) * NB;
                         real *da = d_bank + (b * S + s) * NB;
-                        const real ws = m[s] ? P[s] : 0;
-                        real d = gw[s];
+                        const real ws = m[s] ? chosen[s] : 0;
+                        real d = gw[s] + (sh ? dv[i * S + s] : 0);
                         for (long j = 0; j < NB; j++) { d += dpi[j] * a[j]; da[j] += ws * dpi[j]; }
-                        dw[s] = m[s] ? d : 0;
-                        dot_pd += P[s] * dw[s];
+                        dw[s] = d;
                     }
-                    /* softmax backward, then scores = q . K[s] */
                     const real *hn = hs + row * (T + 1) * H + (t + 1) * H;
-                    const real norm = norms[row * T + t];
-                    const real denom = norm > (real)EPS ? norm : (real)EPS;
-                    const real scale = cosine ? tau / denom : (real)1;
-                    for (long j = 0; j < H; j++) { q[j] = hn[j] * scale; dq[j] = 0; }
-                    const real *K = keys + b * ks_b + u * ks_u;
-                    real *dK = d_keys + row * S * H;
-                    for (long s = 0; s < S; s++) {
-                        const real ds = P[s] * (dw[s] - dot_pd);
-                        const real *k = K + s * H;
-                        real *dk = dK + s * H;
-                        for (long j = 0; j < H; j++) { dq[j] += ds * k[j]; dk[j] += ds * q[j]; }
-                    }
-                    if (cosine) {  /* q = tau u, u = h / max(|h|, eps) */
-                        const real dt = dot(dq, hn, H) / denom, udu = tau * dt;
-                        dtau += dt;
-                        for (long j = 0; j < H; j++) {
-                            const real du = tau * dq[j];
-                            dhi[j] += norm > (real)EPS ? (du - hn[j] / denom * udu) / norm : du / (real)EPS;
-                        }
+                    if (sh) {
+                        const real *v = t ? sh->sharp + (step - 1) * S : sh->w0 + row * S;
+                        if (t)  /* w_{t-1} = Q_{t-1} mask (step 0: w_0 as given) */
+                            for (long s = 0; s < S; s++) vm[s] = m[s] ? v[s] : 0;
+                        dgamma += shift_update_backward(S, H, sh->K, gamma, hn, sh->head_w + u * H * M, P,
+                                                        t ? vm : v, m, sh->moves + step * M, sh->mixed + step * S,
+                                                        sh->sharp + step * S, dw, dP, dv + i * S, dhi,
+                                                        sh->d_head_w + u * H * M, sh->d_head_b + u * M, dz, dc);
                     } else {
-                        for (long j = 0; j < H; j++) dhi[j] += dq[j];
+                        for (long s = 0; s < S; s++) dP[s] = m[s] ? dw[s] : 0;
                     }
-                    /* GRU cell backward */
-                    const real *h = hs + row * (T + 1) * H + t * H, *gt = gates + (row * T + t) * 4 * H;
+                    address_attention_backward(S, H, cosine, tau, P, dP, hn, norms[step], keys + b * ks_b + u * ks_u,
+                                               d_keys + row * S * H, q, dq, dhi, &dtau);
+                    const real *h = hs + row * (T + 1) * H + t * H;
                     real *gi = dgi + i * G, *gh = dgh + i * G;
-                    for (long j = 0; j < H; j++) {
-                        const real r = gt[j], z = gt[H + j], n = gt[2 * H + j], ghn = gt[3 * H + j];
-                        const real d = dhi[j];
-                        const real dan = d * (1 - z) * (1 - n * n);
-                        const real daz = d * (h[j] - n) * z * (1 - z);
-                        const real dar = dan * ghn * r * (1 - r);
-                        gi[j] = dar; gi[H + j] = daz; gi[2 * H + j] = dan;
-                        gh[j] = dar; gh[H + j] = daz; gh[2 * H + j] = dan * r;
-                        dhi[j] = d * z;  /* through h' = ... + z h */
-                    }
+                    gru_cell_backward(H, gates + step * 4 * H, h, dhi, gi, gh);
                     for (long j = 0; j < G; j++) { dBi[j] += gi[j]; dBh[j] += gh[j]; }
                     const long r = b * T + t;
                     for (long j = 0; j < H; j++) h_rows[j * R + r] = h[j];
@@ -291,12 +453,53 @@ void pointer_backward(long U, long B, long T, long S, long NB, long H, int cosin
                 const long row = (b0 + i) * U + u;
                 memcpy(d_h0 + row * H, dh + i * H, sizeof(real) * H);
                 memcpy(d_p0 + row * NB, dp + i * NB, sizeof(real) * NB);
+                if (sh) memcpy(sh->d_w0 + row * S, dv + i * S, sizeof(real) * S);
             }
+        }
+        if (sh) {  /* gamma = 1 + softplus(x): d/dx = sigmoid(x), 1 past the threshold */
+            const real x = sh->sharpening[u], e = EXP(x);
+            sh->d_sharpening[u] = (real)dgamma * (x > 20 ? (real)1 : e / (e + 1));
         }
     }
     *d_tau = (real)dtau;
-    free(dh); free(dp); free(dgi); free(dgh); free(WhT); free(WiT);
-    free(dw); free(q); free(dq);
+    free(dh); free(dp); free(dgi); free(dgh); free(dv); free(WhT); free(WiT);
+    free(dw); free(dP); free(dz); free(vm); free(dc); free(q); free(dq);
+}
+
+/* Gradients of every input but the mask and the GRU weights; accumulators are zeroed here. g_weights
+ * (B, T, U, S), g_p_final (B, U, NB), g_h_final (B, U, H); d_keys (B, U, S, H) contiguous; d_tau one value.
+ * The weight gradients are one GEMM over all rows and steps, left to BLAS: this writes their factors,
+ * per unit and row r = b T + t, h_rows (U, H, B T) = h_t and p_rows (U, NB, B T) = p_t (transposed: the GEMM
+ * reads them as they are) and the gate gradients dgh_rows, dgi_rows (U, B T, 3H), so that
+ * dW_h[u] = h_rows[u] dgh_rows[u], and likewise W_i. */
+void pointer_backward(long U, long B, long T, long S, long NB, long H, int cosine, double tau_d,
+                      const real *keys, long ks_b, long ks_u, const real *bank, const unsigned char *mask,
+                      const real *w_i, const real *w_h, const real *hs, const real *ps, const real *gates,
+                      const real *norms, const real *probs, const real *g_weights, const real *g_p_final,
+                      const real *g_h_final, real *d_p0, real *d_h0, real *d_keys, real *d_bank, real *d_b_i,
+                      real *d_b_h, real *d_tau, real *h_rows_all, real *p_rows_all, real *dgh_rows_all,
+                      real *dgi_rows_all) {
+    recurrence_backward(U, B, T, S, NB, H, cosine, tau_d, keys, ks_b, ks_u, bank, mask, w_i, w_h, hs, ps, gates,
+                        norms, probs, g_weights, g_p_final, g_h_final, d_p0, d_h0, d_keys, d_bank, d_b_i, d_b_h, d_tau,
+                        h_rows_all, p_rows_all, dgh_rows_all, dgi_rows_all, NULL);
+}
+
+/* pointer_backward's arguments, then the shift's (struct shift): K, w0, head_w, sharpening, the saved moves, mixed,
+ * sharp, and the gradients d_w0, d_head_w, d_head_b, d_sharpening (zeroed here). */
+void shift_backward(long U, long B, long T, long S, long NB, long H, int cosine, double tau_d,
+                    const real *keys, long ks_b, long ks_u, const real *bank, const unsigned char *mask,
+                    const real *w_i, const real *w_h, const real *hs, const real *ps, const real *gates,
+                    const real *norms, const real *probs, const real *g_weights, const real *g_p_final,
+                    const real *g_h_final, real *d_p0, real *d_h0, real *d_keys, real *d_bank, real *d_b_i,
+                    real *d_b_h, real *d_tau, real *h_rows_all, real *p_rows_all, real *dgh_rows_all,
+                    real *dgi_rows_all, long K, const real *w0, const real *head_w, const real *sharpening,
+                    real *moves, real *mixed, real *sharp, real *d_w0, real *d_head_w, real *d_head_b,
+                    real *d_sharpening) {
+    const struct shift sh = {K, w0, head_w, NULL, sharpening, moves, mixed, sharp, d_w0, d_head_w, d_head_b,
+                             d_sharpening};
+    recurrence_backward(U, B, T, S, NB, H, cosine, tau_d, keys, ks_b, ks_u, bank, mask, w_i, w_h, hs, ps, gates,
+                        norms, probs, g_weights, g_p_final, g_h_final, d_p0, d_h0, d_keys, d_bank, d_b_i, d_b_h, d_tau,
+                        h_rows_all, p_rows_all, dgh_rows_all, dgi_rows_all, &sh);
 }
 
 /* The Controller GRU (nn.GRU, one layer, one direction, batch_first) over all steps, its input gates

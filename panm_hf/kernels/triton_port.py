@@ -35,6 +35,50 @@ def _tanh(x):
 
 
 @triton.jit
+def _gru_update(p, h, hs_row, t, wi, bi, wh, bh, gate_row, H, offs_h, offs_nb, mh, wmask, BLOCK_K: tl.constexpr):
+    """One row's GRU step (h = h_t, also at `hs_row + t H` to be read back in blocks): stores the gates
+    r | z | n | gh_n at `gate_row` and h_{t+1} at `hs_row + (t + 1) H`, and returns h_{t+1}."""
+    G = 3 * H
+    gi_r = tl.sum(p[:, None] * tl.load(wi + offs_nb[:, None] * G + offs_h[None, :], mask=wmask, other=0.0), 0)
+    gi_z = tl.sum(p[:, None] * tl.load(wi + offs_nb[:, None] * G + H + offs_h[None, :], mask=wmask, other=0.0), 0)
+    gi_n = tl.sum(p[:, None] * tl.load(wi + offs_nb[:, None] * G + 2 * H + offs_h[None, :], mask=wmask, other=0.0),
+                  0)  # fmt: skip
+    gh_r = tl.load(bh + offs_h, mask=mh, other=0.0)
+    gh_z = tl.load(bh + H + offs_h, mask=mh, other=0.0)
+    gh_n = tl.load(bh + 2 * H + offs_h, mask=mh, other=0.0)
+    for k0 in range(0, H, BLOCK_K):  # h W_h, BLOCK_K rows of W_h at a time
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        mk = offs_k < H
+        hk = tl.load(hs_row + t * H + offs_k, mask=mk, other=0.0)
+        block = wh + offs_k[:, None] * G + offs_h[None, :]
+        bmask = mk[:, None] & mh[None, :]
+        gh_r += tl.sum(hk[:, None] * tl.load(block, mask=bmask, other=0.0), 0)
+        gh_z += tl.sum(hk[:, None] * tl.load(block + H, mask=bmask, other=0.0), 0)
+        gh_n += tl.sum(hk[:, None] * tl.load(block + 2 * H, mask=bmask, other=0.0), 0)
+    r = tl.sigmoid(gi_r + tl.load(bi + offs_h, mask=mh, other=0.0) + gh_r)
+    z = tl.sigmoid(gi_z + tl.load(bi + H + offs_h, mask=mh, other=0.0) + gh_z)
+    n = _tanh(gi_n + tl.load(bi + 2 * H + offs_h, mask=mh, other=0.0) + r * gh_n)
+    h = (1.0 - z) * n + z * h
+    tl.store(gate_row + offs_h, r, mask=mh)
+    tl.store(gate_row + H + offs_h, z, mask=mh)
+    tl.store(gate_row + 2 * H + offs_h, n, mask=mh)
+    tl.store(gate_row + 3 * H + offs_h, gh_n, mask=mh)
+    tl.store(hs_row + (t + 1) * H + offs_h, h, mask=mh)
+    tl.debug_barrier()  # the next step reads h back in blocks
+    return h
+
+
+@triton.jit
+def _address_attention(h, key, bias, ms, tau, COSINE: tl.constexpr):
+    """One row's address attention: `(|h|, P)`, P the softmax of `q . K[s]` plus the mask bias over the slots."""
+    norm = tl.sqrt(tl.sum(h * h, 0))
+    q = h * (tau / tl.maximum(norm, 1e-12)) if COSINE else h
+    scores = tl.where(ms, tl.sum(key * q[None, :], 1) + bias, float("-inf"))
+    e = tl.exp(scores - tl.max(scores, 0))
+    return norm, e / tl.sum(e, 0)
+
+
+@triton.jit
 def _pointer_forward_kernel(
     p0, h0, keys, ks_b, ks_u, bank, mask, w_i, b_i, w_h, b_h, tau_ptr,
     weights, p_final, h_final, hs, ps, gates, norms, probs,
@@ -62,39 +106,10 @@ def _pointer_forward_kernel(
     wi, bi, wh, bh = w_i + u * NB * G, b_i + u * G, w_h + u * H * G, b_h + u * G
     wmask = mnb[:, None] & mh[None, :]
     for t in range(T):
-        gi_r = tl.sum(p[:, None] * tl.load(wi + offs_nb[:, None] * G + offs_h[None, :], mask=wmask, other=0.0), 0)
-        gi_z = tl.sum(p[:, None] * tl.load(wi + offs_nb[:, None] * G + H + offs_h[None, :], mask=wmask, other=0.0), 0)
-        gi_n = tl.sum(p[:, None] * tl.load(wi + offs_nb[:, None] * G + 2 * H + offs_h[None, :], mask=wmask, other=0.0),
-                      0)  # fmt: skip
-        gh_r = tl.load(bh + offs_h, mask=mh, other=0.0)
-        gh_z = tl.load(bh + H + offs_h, mask=mh, other=0.0)
-        gh_n = tl.load(bh + 2 * H + offs_h, mask=mh, other=0.0)
-        for k0 in range(0, H, BLOCK_K):  # h W_h, BLOCK_K rows of W_h at a time
-            offs_k = k0 + tl.arange(0, BLOCK_K)
-            mk = offs_k < H
-            hk = tl.load(hs_row + t * H + offs_k, mask=mk, other=0.0)
-            block = wh + offs_k[:, None] * G + offs_h[None, :]
-            bmask = mk[:, None] & mh[None, :]
-            gh_r += tl.sum(hk[:, None] * tl.load(block, mask=bmask, other=0.0), 0)
-            gh_z += tl.sum(hk[:, None] * tl.load(block + H, mask=bmask, other=0.0), 0)
-            gh_n += tl.sum(hk[:, None] * tl.load(block + 2 * H, mask=bmask, other=0.0), 0)
-        r = tl.sigmoid(gi_r + tl.load(bi + offs_h, mask=mh, other=0.0) + gh_r)
-        z = tl.sigmoid(gi_z + tl.load(bi + H + offs_h, mask=mh, other=0.0) + gh_z)
-        n = _tanh(gi_n + tl.load(bi + 2 * H + offs_h, mask=mh, other=0.0) + r * gh_n)
-        h = (1.0 - z) * n + z * h
-        gate_row = gates + (row * T + t) * 4 * H
-        tl.store(gate_row + offs_h, r, mask=mh)
-        tl.store(gate_row + H + offs_h, z, mask=mh)
-        tl.store(gate_row + 2 * H + offs_h, n, mask=mh)
-        tl.store(gate_row + 3 * H + offs_h, gh_n, mask=mh)
-        tl.store(hs_row + (t + 1) * H + offs_h, h, mask=mh)
-        tl.debug_barrier()  # the next step reads h back in blocks
-        norm = tl.sqrt(tl.sum(h * h, 0))
+        h = _gru_update(p, h, hs_row, t, wi, bi, wh, bh, gates + (row * T + t) * 4 * H, H, offs_h, offs_nb, mh, wmask,
+                        BLOCK_K)  # fmt: skip
+        norm, prob = _address_attention(h, key, bias, ms, tau, COSINE)
         tl.store(norms + row * T + t, norm)
-        q = h * (tau / tl.maximum(norm, 1e-12)) if COSINE else h
-        scores = tl.where(ms, tl.sum(key * q[None, :], 1) + bias, float("-inf"))
-        e = tl.exp(scores - tl.max(scores, 0))
-        prob = e / tl.sum(e, 0)
         tl.store(probs + (row * T + t) * S + offs_s, prob, mask=ms)
         w = tl.where(real, prob, 0.0)
         tl.store(weights + ((b * T + t) * U + u) * S + offs_s, w, mask=ms)
@@ -135,6 +150,53 @@ def _store_w_h_product(wh, scratch, dar, daz, dgh_n, H, G, offs_h, mh, BLOCK_K: 
 
 
 @triton.jit
+def _attention_backward(dP, prob, key, hn, norm, tau, dh, COSINE: tl.constexpr):
+    """Backward of `_address_attention` for one row from dP = dL/dP: `(dL/dK, dL/dtau, dh + dL/dh')`."""
+    ds = prob * (dP - tl.sum(prob * dP, 0))  # softmax backward
+    denom = tl.maximum(norm, 1e-12)
+    q = hn * (tau / denom) if COSINE else hn
+    dq = tl.sum(ds[:, None] * key, 0)
+    d_key = ds[:, None] * q[None, :]
+    if COSINE:  # q = tau h / max(|h|, eps)
+        d_tau = tl.sum(dq * hn, 0) / denom
+        du = tau * dq
+        dh += tl.where(norm > 1e-12, (du - hn / denom * (tau * d_tau)) / norm, du / 1e-12)
+    else:
+        d_tau = 0.0 * norm
+        dh += dq
+    return d_key, d_tau, dh
+
+
+@triton.jit
+def _gru_backward(dh, row, u, b, t, B, T, H, NB, hs_row, ps_row, gates, wi, wh, dgi_rows, dgh_rows, h_rows, p_rows,
+                  dh_scratch, offs_h, offs_nb, mh, mnb, BLOCK_K: tl.constexpr):  # fmt: skip
+    """Backward of `_gru_update` for one row from dh = dL/dh_{t+1}: stores the weight factors, returns
+    `(dL/dh_t, dL/dp_t)`."""
+    G = 3 * H
+    gate_row = gates + (row * T + t) * 4 * H
+    r = tl.load(gate_row + offs_h, mask=mh, other=0.0)
+    z = tl.load(gate_row + H + offs_h, mask=mh, other=0.0)
+    n = tl.load(gate_row + 2 * H + offs_h, mask=mh, other=0.0)
+    ghn = tl.load(gate_row + 3 * H + offs_h, mask=mh, other=0.0)
+    h_prev = tl.load(hs_row + t * H + offs_h, mask=mh, other=0.0)
+    dan = dh * (1.0 - z) * (1.0 - n * n)
+    daz = dh * (h_prev - n) * z * (1.0 - z)
+    dar = dan * ghn * r * (1.0 - r)
+    _store_weight_factors(dgi_rows, dgh_rows, h_rows, p_rows, ps_row, dar, daz, dan, r, h_prev,
+                          u, b, t, B, T, H, NB, offs_h, offs_nb, mh, mnb)  # fmt: skip
+    wmask = mnb[:, None] & mh[None, :]
+    block_i = wi + offs_nb[:, None] * G + offs_h[None, :]
+    dp = (tl.sum(tl.load(block_i, mask=wmask, other=0.0) * dar[None, :], 1)
+          + tl.sum(tl.load(block_i + H, mask=wmask, other=0.0) * daz[None, :], 1)
+          + tl.sum(tl.load(block_i + 2 * H, mask=wmask, other=0.0) * dan[None, :], 1))  # fmt: skip
+    _store_w_h_product(wh, dh_scratch + row * H, dar, daz, dan * r, H, G, offs_h, mh, BLOCK_K)
+    tl.debug_barrier()
+    dh = dh * z + tl.load(dh_scratch + row * H + offs_h, mask=mh, other=0.0)
+    tl.debug_barrier()
+    return dh, dp
+
+
+@triton.jit
 def _pointer_backward_kernel(
     keys, ks_b, ks_u, bank, mask, w_i, w_h, tau_ptr, hs, ps, gates, norms, probs,
     g_weights, g_p_final, g_h_final,
@@ -167,41 +229,13 @@ def _pointer_backward_kernel(
         w = tl.where(real, prob, 0.0)
         d_addr += w[:, None] * dp[None, :]  # through p_t = sum_s w[s] A[s]
         dw = tl.load(g_weights + ((b * T + t) * U + u) * S + offs_s, mask=ms, other=0.0) + tl.sum(addr * dp[None, :], 1)
-        dw = tl.where(real, dw, 0.0)
-        ds = prob * (dw - tl.sum(prob * dw, 0))  # softmax backward
         hn = tl.load(hs_row + (t + 1) * H + offs_h, mask=mh, other=0.0)
         norm = tl.load(norms + row * T + t)
-        denom = tl.maximum(norm, 1e-12)
-        q = hn * (tau / denom) if COSINE else hn
-        dq = tl.sum(ds[:, None] * key, 0)
-        d_key += ds[:, None] * q[None, :]
-        if COSINE:  # q = tau h / max(|h|, eps)
-            dt = tl.sum(dq * hn, 0) / denom
-            d_tau += dt
-            du = tau * dq
-            dh += tl.where(norm > 1e-12, (du - hn / denom * (tau * dt)) / norm, du / 1e-12)
-        else:
-            dh += dq
-        gate_row = gates + (row * T + t) * 4 * H
-        r = tl.load(gate_row + offs_h, mask=mh, other=0.0)
-        z = tl.load(gate_row + H + offs_h, mask=mh, other=0.0)
-        n = tl.load(gate_row + 2 * H + offs_h, mask=mh, other=0.0)
-        ghn = tl.load(gate_row + 3 * H + offs_h, mask=mh, other=0.0)
-        h_prev = tl.load(hs_row + t * H + offs_h, mask=mh, other=0.0)
-        dan = dh * (1.0 - z) * (1.0 - n * n)
-        daz = dh * (h_prev - n) * z * (1.0 - z)
-        dar = dan * ghn * r * (1.0 - r)
-        _store_weight_factors(dgi_rows, dgh_rows, h_rows, p_rows, ps_row, dar, daz, dan, r, h_prev,
-                              u, b, t, B, T, H, NB, offs_h, offs_nb, mh, mnb)  # fmt: skip
-        wmask = mnb[:, None] & mh[None, :]
-        block_i = wi + offs_nb[:, None] * G + offs_h[None, :]
-        dp = (tl.sum(tl.load(block_i, mask=wmask, other=0.0) * dar[None, :], 1)
-              + tl.sum(tl.load(block_i + H, mask=wmask, other=0.0) * daz[None, :], 1)
-              + tl.sum(tl.load(block_i + 2 * H, mask=wmask, other=0.0) * dan[None, :], 1))  # fmt: skip
-        _store_w_h_product(wh, dh_scratch + row * H, dar, daz, dan * r, H, G, offs_h, mh, BLOCK_K)
-        tl.debug_barrier()
-        dh = dh * z + tl.load(dh_scratch + row * H + offs_h, mask=mh, other=0.0)
-        tl.debug_barrier()
+        step_key, step_tau, dh = _attention_backward(tl.where(real, dw, 0.0), prob, key, hn, norm, tau, dh, COSINE)
+        d_key += step_key
+        d_tau += step_tau
+        dh, dp = _gru_backward(dh, row, u, b, t, B, T, H, NB, hs_row, ps_row, gates, wi, wh, dgi_rows, dgh_rows,
+                               h_rows, p_rows, dh_scratch, offs_h, offs_nb, mh, mnb, BLOCK_K)  # fmt: skip
     tl.store(d_h0 + row * H + offs_h, dh, mask=mh)
     tl.store(d_p0 + row * NB + offs_nb, dp, mask=mnb)
     tl.store(d_keys + row * S * H + offs_s[:, None] * H + offs_h[None, :], d_key, mask=ms[:, None] & mh[None, :])
