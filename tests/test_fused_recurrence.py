@@ -62,18 +62,16 @@ def values_and_grads(module, kernel, inputs):
     return outputs, {name: grad for (name, _), grad in zip(named, grads)}
 
 
-@needs_kernel
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-@pytest.mark.parametrize("scoring", ["cosine", "dot"])
-@pytest.mark.parametrize("shape", SHAPES)
-def test_fused_equals_eager_in_values_and_every_gradient(shape, scoring, dtype):
-    module, inputs = units_and_inputs(*shape, dtype=dtype, scoring=scoring)
-    eager_out, eager_grads = values_and_grads(module, "eager", inputs)
-    fused_out, fused_grads = values_and_grads(module, "fused", inputs)
-    for eager, fused in zip(eager_out, fused_out):
+def assert_fused_equals_eager(module, inputs, shape, dtype, min_grads: int, run_both=None) -> None:
+    """The fused loop against the eager one: every output and every gradient (none of them vacuous), exact zeros
+    on padded slots and on the all-padding row. `run_both` is the suite's `values_and_grads`."""
+    run_both = run_both or values_and_grads
+    eager_out, eager_grads = run_both(module, "eager", inputs)
+    fused_out, fused_grads = run_both(module, "fused", inputs)
+    for eager, fused in zip(eager_out, fused_out, strict=True):
         assert fused.shape == eager.shape
         torch.testing.assert_close(fused, eager, **TOLERANCE[dtype])
-    assert set(fused_grads) == set(eager_grads) and len(fused_grads) >= 11  # 3 inputs, GRU, g^a MLP (+ temperature)
+    assert set(fused_grads) == set(eager_grads) and len(fused_grads) >= min_grads
     for name, grad in eager_grads.items():
         assert grad.abs().sum() > 0 or name == "address_bank", f"{name} gets no gradient: the test would be vacuous"
         torch.testing.assert_close(fused_grads[name], grad, **TOLERANCE[dtype], msg=lambda m, n=name: f"{n}: {m}")
@@ -81,6 +79,15 @@ def test_fused_equals_eager_in_values_and_every_gradient(shape, scoring, dtype):
     assert torch.equal(padded, torch.zeros_like(padded))  # exact zeros on padding, all-padding row too
     if shape[1] > 2:
         assert torch.equal(fused_out[0][2], torch.zeros_like(fused_out[0][2]))
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("scoring", ["cosine", "dot"])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_fused_equals_eager_in_values_and_every_gradient(shape, scoring, dtype):
+    module, inputs = units_and_inputs(*shape, dtype=dtype, scoring=scoring)
+    assert_fused_equals_eager(module, inputs, shape, dtype, min_grads=11)  # 3 inputs, GRU, g^a MLP (+ temperature)
 
 
 @needs_kernel

@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 from conftest import BACKBONES, OpNames
-from test_fused_recurrence import SHAPES, TOLERANCE, needs_kernel
+from test_fused_recurrence import SHAPES, TOLERANCE, assert_fused_equals_eager, needs_kernel
 
 from panm_hf import PanmConfig, PanmForSeq2SeqLM, PanmMemory, PanmMemoryConfig
 from panm_hf.pointer_unit import PointerUnits
@@ -69,20 +69,8 @@ def values_and_grads(module, kernel, inputs):
 def test_fused_shift_equals_eager_in_values_and_every_gradient(shape, scoring, dtype):
     reach = 2 if shape[2] > 5 else 1  # K = 2 where the slots leave room to move by two
     module, inputs = shift_units_and_inputs(*shape, dtype=dtype, scoring=scoring, reach=reach)
-    eager_out, eager_grads = values_and_grads(module, "eager", inputs)
-    fused_out, fused_grads = values_and_grads(module, "fused", inputs)
-    for eager, fused in zip(eager_out, fused_out, strict=True):
-        assert fused.shape == eager.shape
-        torch.testing.assert_close(fused, eager, **TOLERANCE[dtype])
     # 4 inputs, GRU, g^a MLP, the moves' head and the sharpening (+ temperature)
-    assert set(fused_grads) == set(eager_grads) and len(fused_grads) >= 15
-    for name, grad in eager_grads.items():
-        assert grad.abs().sum() > 0 or name == "address_bank", f"{name} gets no gradient: the test would be vacuous"
-        torch.testing.assert_close(fused_grads[name], grad, **TOLERANCE[dtype], msg=lambda m, n=name: f"{n}: {m}")
-    padded = fused_out[0][1, :, :, inputs["address_bank"].shape[1] // 2 :]
-    assert torch.equal(padded, torch.zeros_like(padded))  # exact zeros on padding, all-padding row too
-    if shape[1] > 2:
-        assert torch.equal(fused_out[0][2], torch.zeros_like(fused_out[0][2]))
+    assert_fused_equals_eager(module, inputs, shape, dtype, min_grads=15, run_both=values_and_grads)
 
 
 @needs_kernel
