@@ -303,9 +303,9 @@ def bench_scaling(args) -> dict:
     return {"curve": curve}
 
 
-# The recurrences' custom ops that run a Triton port (`recurrence_kernel="triton"` on any device, and the CUDA
-# kernels of the plain ops) -> the port's module in `panm_hf.kernels` and its Python wrapper, which allocates,
-# reduces and launches.
+# PANM's custom ops that run a Triton port (`recurrence_kernel="triton"` on any device, and the CUDA kernels of
+# the plain ops): the recurrences and the reads -> the port's module in `panm_hf.kernels` and its Python wrapper,
+# which allocates, reduces and launches.
 TRITON_WRAPPERS = {"panm_hf::pointer_recurrence_triton": ("triton_port", "pointer_forward_triton"),
                    "panm_hf::pointer_recurrence_triton_backward": ("triton_port", "pointer_backward_triton"),
                    "panm_hf::pointer_recurrence": ("triton_port", "pointer_forward_triton"),
@@ -317,7 +317,11 @@ TRITON_WRAPPERS = {"panm_hf::pointer_recurrence_triton": ("triton_port", "pointe
                    "panm_hf::gru_recurrence_triton": ("triton_gru", "gru_forward_triton"),
                    "panm_hf::gru_recurrence_triton_backward": ("triton_gru", "gru_backward_triton"),
                    "panm_hf::gru_recurrence": ("triton_gru", "gru_forward_triton"),
-                   "panm_hf::gru_recurrence_backward": ("triton_gru", "gru_backward_triton")}
+                   "panm_hf::gru_recurrence_backward": ("triton_gru", "gru_backward_triton"),
+                   **{f"panm_hf::{op}{suffix}": ("triton_reads", f"{op}{kind}_triton")
+                      for op in ("normalize_rows", "mode2_attention", "masked_pool")
+                      for suffix, kind in (("_triton", ""), ("_triton_backward", "_backward"), ("", ""),
+                                           ("_backward", "_backward"))}}
 
 
 def triton_wrapper(func, args):
@@ -333,8 +337,8 @@ def triton_wrapper(func, args):
 class OpCounter(TorchDispatchMode):
     """Counts the aten ops dispatched (forward and backward), the kernels a step launches.
 
-    A custom op is one op (the C kernels), except the Triton port's: its wrapper's aten ops (allocations,
-    the `uint8` mask, the gradient reductions) are counted, and each Triton launch as exactly one op
+    A custom op is one op (the C kernels), except the Triton ports': their wrappers' aten ops (allocations,
+    copies to contiguous, the gradient reductions) are counted, and each Triton launch as exactly one op
     (`triton_port.launches`; the ops Triton's interpreter runs inside a launch are not counted).
     """
 
@@ -355,20 +359,28 @@ class OpCounter(TorchDispatchMode):
         return out
 
 
-def step_cost(loss_fn) -> dict:
+def step_cost(loss_fn, model: torch.nn.Module | None = None) -> dict:
     """FLOPs and aten ops of one forward + backward of `loss_fn()` (the optimizer step is elementwise).
 
     FLOPs count matmul-class ops only; oneDNN is switched off for that pass so RNN layers run as
-    their matmuls and are counted. The op count is taken on the normal execution path.
+    their matmuls and are counted. The op count is taken on the normal execution path, from `.grad` cleared
+    as a training step leaves it (`zero_grad(set_to_none=True)`: the gradients are stored, not accumulated).
     """
     with warnings.catch_warnings():  # toggling oneDNN warns about TF32 on Intel GPUs
         warnings.simplefilter("ignore", UserWarning)
         with torch.backends.mkldnn.flags(enabled=False), FlopCounterMode(display=False) as flops:
             loss_fn().backward()
+    return {"gflops": flops.get_total_flops() / 1e9, "aten_ops": counted_step(loss_fn, model)}
+
+
+def counted_step(loss_fn, model: torch.nn.Module | None) -> int:
+    """Aten ops of one forward + backward of `loss_fn()`, `model`'s gradients cleared first as `train_step` does."""
+    if model is not None:
+        model.zero_grad(set_to_none=True)
     counter = OpCounter()
     with counter:
         loss_fn().backward()
-    return {"gflops": flops.get_total_flops() / 1e9, "aten_ops": counter.count}
+    return counter.count
 
 
 def set_recurrence_kernel(model, kernel: str) -> None:
@@ -411,15 +423,13 @@ def bench_cost(case: str, args) -> dict:
         model, loss_fn, step_tokens = build_case(case, variant, args.device, size=args.size)
         model.train()
         if variant == "backbone":
-            row = {**step_cost(lambda m=model, f=loss_fn: f(m)), "step_tokens": step_tokens}
+            row = {**step_cost(lambda m=model, f=loss_fn: f(m), model), "step_tokens": step_tokens}
         else:
             set_recurrence_kernel(model, "eager")
-            eager = step_cost(lambda m=model, f=loss_fn: f(m))
+            eager = step_cost(lambda m=model, f=loss_fn: f(m), model)
             set_recurrence_kernel(model, RECURRENCE_KERNEL or "auto")
-            counter = OpCounter()
-            with counter:
-                loss_fn(model).backward()
-            row = {"gflops": eager["gflops"], "aten_ops": counter.count, "aten_ops_eager": eager["aten_ops"],
+            ops = counted_step(lambda m=model, f=loss_fn: f(m), model)
+            row = {"gflops": eager["gflops"], "aten_ops": ops, "aten_ops_eager": eager["aten_ops"],
                    "step_tokens": step_tokens}
         if case == "seq2seq":
             row["gen_step_ops"] = cached_step_ops(model, args.device, args.size)

@@ -16,7 +16,7 @@ import math
 import torch
 from torch import nn
 
-from panm_hf.kernels.dispatch import Call, decide
+from panm_hf.kernels.dispatch import Call, fused_op
 
 from .memory_config import PanmMemoryConfig
 
@@ -61,24 +61,25 @@ class AttentionScorer(nn.Module):
             with torch.no_grad():
                 self.inverse_temperature.fill_(self.cosine_inverse_temperature_init)
 
-    def fused(self, x: torch.Tensor, op: str = "cosine_normalize", *, per_step: bool = False) -> bool:
-        """Whether the C kernel of `op` (`"cosine_normalize"` or `"mode2_read"`) runs on `x`, as
-        `panm_hf.kernels.dispatch` decides (CPU float32/float64 unless `recurrence_kernel="eager"`)."""
+    def fused(self, x: torch.Tensor, op: str = "cosine_normalize", *, per_step: bool = False):
+        """The custom op that runs `op` (`"cosine_normalize"` or `"mode2_read"`) on `x` in one kernel (its C kernel
+        on CPU, its Triton port on the CUDA path), or None for plain torch ops, as `panm_hf.kernels.dispatch`
+        decides."""
         uniform = self.scoring != "cosine" or x.dtype == self.inverse_temperature.dtype
         call = Call(self.recurrence_kernel, x.device, x.dtype, uniform=uniform, per_step=per_step)
-        return decide(op, call).kernel == "c"
+        return fused_op(op, call)
 
     def prepare_keys(self, keys: torch.Tensor) -> torch.Tensor:
         """Normalise keys once so repeated scoring against them is one matmul."""
         if self.scoring == "cosine":
-            if self.fused(keys):
-                return torch.ops.panm_hf.normalize_rows(keys, None)[0]
+            if (normalize := self.fused(keys)) is not None:
+                return normalize(keys, None)[0]
             return nn.functional.normalize(keys, dim=-1)
         return keys / math.sqrt(self.dim)
 
     def prepare_queries(self, queries: torch.Tensor) -> torch.Tensor:
         if self.scoring == "cosine":
-            if self.fused(queries):
-                return torch.ops.panm_hf.normalize_rows(queries, self.inverse_temperature)[0]
+            if (normalize := self.fused(queries)) is not None:
+                return normalize(queries, self.inverse_temperature)[0]
             return nn.functional.normalize(queries, dim=-1) * self.inverse_temperature
         return queries

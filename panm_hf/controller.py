@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from panm_hf.kernels.dispatch import Call, decide, require
+from panm_hf.kernels.dispatch import Call, decide, fused_op, require
 
 from .memory_config import PanmMemoryConfig
 from .reads import ControllerContentReader
@@ -68,8 +68,8 @@ class Controller(nn.Module):
     def initial_hidden(self, memory_states: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """`h^c_0` from the real slots only: `(batch, slots, dim)` -> `(batch, hidden)`."""
         call = Call(self.recurrence_kernel, memory_states.device, memory_states.dtype)
-        if decide("controller_pool", call).kernel == "c":  # the masked sum/mean in one C kernel, forward and backward
-            pooled = torch.ops.panm_hf.masked_pool(memory_states, attention_mask, self.init == "mean")
+        if (pool := fused_op("controller_pool", call)) is not None:  # the masked sum/mean in one kernel each way
+            pooled = pool(memory_states, attention_mask, self.init == "mean")
             return self.initial_state(pooled)
         mask = attention_mask.unsqueeze(-1).to(memory_states.dtype)  # (batch, slots, 1)
         pooled = (memory_states * mask).sum(dim=1)  # (batch, dim)

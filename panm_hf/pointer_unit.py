@@ -143,8 +143,9 @@ class PointerUnits(nn.Module):
         rows = address_bank.reshape(1, batch * slots, bits)  # (1, batch*slots, bits)
         rows = rows.expand(self.num_pointer_units, -1, -1)  # (units, batch*slots, bits)
         keys = self.address_mlp(rows)  # (units, batch*slots, hidden)
-        if self.scorer.scoring == "cosine" and self.scorer.fused(keys):  # normalised and made batch-major in one
-            return torch.ops.panm_hf.normalize_rows(keys, None, batch)[0]  # (batch, units, slots, hidden)
+        normalize = self.scorer.fused(keys) if self.scorer.scoring == "cosine" else None
+        if normalize is not None:  # normalised and made batch-major in one kernel
+            return normalize(keys, None, batch)[0]  # (batch, units, slots, hidden)
         keys = keys.unflatten(1, (batch, slots)).transpose(0, 1)  # (batch, units, slots, hidden)
         return self.scorer.prepare_keys(keys)
 

@@ -64,9 +64,10 @@ class Mode2Reader(nn.Module):
         batch, heads = memory_states.shape[0], self.num_heads
         queries = self.query_mlp(mode1_values)  # (batch*steps, heads*dim)
         queries = queries.reshape(batch, -1, memory_states.shape[-1])  # (batch, steps*heads, dim)
-        if self.scorer.fused(queries, "mode2_read", per_step=attention_mask.dim() != 2):  # one C kernel
+        read = self.scorer.fused(queries, "mode2_read", per_step=attention_mask.dim() != 2)
+        if read is not None:  # one kernel (C on CPU, Triton on the CUDA path)
             scale = self.scorer.inverse_temperature if self.scorer.scoring == "cosine" else None
-            values, weights = torch.ops.panm_hf.mode2_attention(queries, memory_states, attention_mask, scale)[:2]
+            values, weights = read(queries, memory_states, attention_mask, scale)[:2]
             return values.reshape(mode1_values.shape[0], -1), weights  # (batch*steps, heads*dim), (b, t*h, slots)
         queries = self.scorer.prepare_queries(queries)
         keys = self.scorer.prepare_keys(memory_states)  # (batch, slots, dim)
@@ -107,9 +108,10 @@ class DecoderContentReader(nn.Module):
 
         The same read as a Mode-2 head's, so it runs the same C kernel where that one runs."""
         queries = self.query(decoder_states.to(memory_states.dtype))  # (batch, steps, dim)
-        if self.scorer.fused(queries, "mode2_read", per_step=attention_mask.dim() != 2):  # one C kernel
+        read = self.scorer.fused(queries, "mode2_read", per_step=attention_mask.dim() != 2)
+        if read is not None:  # one kernel (C on CPU, Triton on the CUDA path)
             scale = self.scorer.inverse_temperature if self.scorer.scoring == "cosine" else None
-            values, weights = torch.ops.panm_hf.mode2_attention(queries, memory_states, attention_mask, scale)[:2]
+            values, weights = read(queries, memory_states, attention_mask, scale)[:2]
             return values.unsqueeze(2), weights.unsqueeze(2)
         queries = self.scorer.prepare_queries(queries)
         keys = self.scorer.prepare_keys(memory_states)  # (batch, slots, dim)

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_fused_reads import TOLERANCE as READ_TOLERANCE
+from test_fused_reads import training_step
 from test_fused_recurrence import SHAPES, units_and_inputs
 from test_fused_shift import shift_units_and_inputs, values_and_grads
 
@@ -86,3 +88,18 @@ def test_seq2seq_training_step_is_the_same_with_the_triton_kernel(backbone_confi
         results[kernel] = [out.logits.detach()] + [p.grad for p in model.parameters() if p.grad is not None]
     for eager, fused in zip(results["eager"], results["auto"], strict=True):
         torch.testing.assert_close(fused, eager, **TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("scoring, init", [("cosine", "mean"), ("dot", "sum")])
+def test_memory_training_step_is_the_same_with_the_read_ports(scoring, init, dtype):
+    """`"auto"` on CUDA runs the reads' Triton ports (normalisation, Mode 2, pooling) and the Pointer-Unit port:
+    a `PanmMemory` training step against `"eager"`, outputs, attentions and every gradient."""
+    eager, eager_grads, _ = training_step("eager", scoring=scoring, controller_init=init, dtype=dtype, device="cuda")
+    ours, our_grads, names = training_step("auto", scoring=scoring, controller_init=init, dtype=dtype, device="cuda",
+                                           count=True)  # fmt: skip
+    assert "panm_hf.mode2_attention_triton.default" in names and "panm_hf.masked_pool_triton.default" in names
+    for name in ("hidden_states", "address_attentions", "mode2_attentions"):
+        torch.testing.assert_close(getattr(ours, name), getattr(eager, name), **READ_TOLERANCE[dtype])
+    for name, grad in eager_grads.items():
+        torch.testing.assert_close(our_grads[name], grad, **READ_TOLERANCE[dtype], msg=name)

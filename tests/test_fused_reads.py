@@ -132,17 +132,17 @@ def test_gradcheck_and_opcheck_of_the_read_ops_in_float64():
         torch.library.opcheck(op, args, test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
 
 
-def training_step(kernel, *, scoring, controller_init, dtype=torch.float64, count=False):
+def training_step(kernel, *, scoring, controller_init, dtype=torch.float64, count=False, device="cpu"):
     torch.manual_seed(0)
     config = PanmMemoryConfig(address_bits=6, pointer_hidden_size=8, controller_hidden_size=8, mlp_hidden_size=8,
                               num_mode2_heads=2, scoring=scoring, controller_init=controller_init,
                               recurrence_kernel=kernel)  # fmt: skip
-    memory = PanmMemory(config, memory_dim=6, decoder_input_size=0, output_size=4).to(dtype).train()
-    states = torch.randn(4, 7, 6, dtype=dtype, requires_grad=True)
-    mask = torch.tensor([[1] * 7, [1] * 4 + [0] * 3, [0] * 2 + [1] * 5, [0] * 7])  # with an all-padding sample
+    memory = PanmMemory(config, memory_dim=6, decoder_input_size=0, output_size=4).to(device, dtype).train()
+    states = torch.randn(4, 7, 6, dtype=dtype).to(device).requires_grad_()
+    mask = torch.tensor([[1] * 7, [1] * 4 + [0] * 3, [0] * 2 + [1] * 5, [0] * 7], device=device)  # an all-padding row
     counter = OpNames()
     with counter if count else torch.enable_grad():
-        out = memory(states, num_steps=5, attention_mask=mask, base_address=torch.tensor([3, 60, 17, 9]),
+        out = memory(states, num_steps=5, attention_mask=mask, base_address=torch.tensor([3, 60, 17, 9], device=device),
                      output_attentions=True)  # fmt: skip
     loss = out.hidden_states.square().sum()
     names = [n for n, _ in memory.named_parameters()]

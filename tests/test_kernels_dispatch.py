@@ -28,15 +28,16 @@ CASES = [
     ("mode2_read", Call("auto", CPU, F32, per_step=True), 2),
     ("pointer_recurrence", Call("auto", CPU, F32, compiled_step=True), 3),
     ("controller_gru", Call("auto", CUDA, F32, controller_read=True), 4),
-    ("cosine_normalize", Call("auto", CUDA, F32), 5),
-    ("controller_pool", Call("triton", CPU, F32), 5),
-    ("controller_gru", Call("auto", CPU, F32, uniform=False), 6),
-    ("pointer_recurrence", Call("auto", META, F32), 7),
-    ("pointer_recurrence", Call("auto", CPU, torch.float16), 8),
-    ("pointer_recurrence", Call("auto", CUDA, torch.bfloat16), 8),
-    ("controller_gru", Call("auto", CPU, F32), 9),  # with no C compiler (patched below)
-    ("pointer_recurrence", Call("auto", CUDA, F32), 10),  # with no Triton (patched below)
-    ("pointer_recurrence", Call("triton", CPU, F32), 11),  # with the interpreter off (patched below)
+    ("controller_gru", Call("auto", CPU, F32, uniform=False), 5),
+    ("mode2_read", Call("auto", CUDA, F32, uniform=False), 5),
+    ("pointer_recurrence", Call("auto", META, F32), 6),
+    ("pointer_recurrence", Call("auto", CPU, torch.float16), 7),
+    ("cosine_normalize", Call("auto", CUDA, torch.bfloat16), 7),
+    ("controller_gru", Call("auto", CPU, F32), 8),  # with no C compiler (patched below)
+    ("pointer_recurrence", Call("auto", CUDA, F32), 9),  # with no Triton (patched below)
+    ("controller_pool", Call("auto", CUDA, F32), 9),  # with no Triton (patched below)
+    ("pointer_recurrence", Call("triton", CPU, F32), 10),  # with the interpreter off (patched below)
+    ("cosine_normalize", Call("triton", CPU, F32), 10),  # with the interpreter off (patched below)
 ]
 
 
@@ -44,7 +45,7 @@ def test_every_fallback_row_gives_its_reason_for_its_case(monkeypatch):
     monkeypatch.setattr(dispatch, "load_library", lambda dtype: "no C compiler found (set $CC or install cc/gcc)")
     monkeypatch.setattr(dispatch, "register_triton", lambda: "the Triton kernel needs Triton (missing)")
     for op, call, row in CASES:
-        if row == 11:
+        if row == 10:
             monkeypatch.setattr(dispatch, "register_triton", lambda: None)
             monkeypatch.setattr(dispatch, "triton_interpreted", lambda: False)
         reason = FALLBACKS[row][3]
@@ -64,8 +65,20 @@ def test_the_kernel_when_nothing_falls_back(monkeypatch):
     assert decide("controller_gru", Call("fused", CUDA, torch.float16)).kernel == "cudnn"  # cuDNN's GRU, no raise
     assert decide("controller_gru", Call("triton", CPU, F32)).kernel == "triton"  # its port, as cuDNN's one op
     assert decide("controller_gru", Call("auto", CUDA, F32)).kernel == "cudnn"  # CUDA's "auto" keeps cuDNN's GRU
-    for op in dispatch.C_ONLY:
+    for op in dispatch.READS:  # a C kernel on CPU, the Triton port on the CUDA path
         assert decide(op, Call("auto", CPU, F32)).kernel == "c"
+        assert decide(op, Call("auto", CUDA, F32)).kernel == "triton"
+        assert decide(op, Call("triton", CPU, torch.float64)).kernel == "triton"
+
+
+def test_fused_op_names_the_custom_op_of_each_read(monkeypatch):
+    monkeypatch.setattr(dispatch, "load_library", lambda dtype: object())
+    monkeypatch.setattr(dispatch, "register_triton", lambda: None)
+    monkeypatch.setattr(dispatch, "triton_interpreted", lambda: True)
+    assert dispatch.fused_op("mode2_read", Call("auto", CPU, F32)) is torch.ops.panm_hf.mode2_attention
+    assert dispatch.fused_op("controller_pool", Call("auto", CPU, F32)) is torch.ops.panm_hf.masked_pool
+    assert dispatch.fused_op("cosine_normalize", Call("eager", CPU, F32)) is None
+    assert dispatch.fused_op("mode2_read", Call("auto", CPU, F32, per_step=True)) is None
 
 
 def test_forced_settings_raise_for_the_recurrences_only():

@@ -5,8 +5,9 @@
   `torch.library` custom ops (`panm_hf::pointer_recurrence`, `gru_recurrence`, `normalize_rows`,
   `mode2_attention`, `masked_pool`, each with its backward); registers the Triton ports.
 - `shift_recurrence.py`: the Pointer-Unit recurrence with `pointer_update="shift"` as `panm_hf::shift_recurrence`.
-- `triton_port.py`, `triton_shift.py`, `triton_gru.py`: the Pointer-Unit recurrences (`"attention"`, `"shift"`)
-  and the Controller GRU in Triton (CUDA, or CPU under `TRITON_INTERPRET=1`).
+- `triton_port.py`, `triton_shift.py`, `triton_gru.py`, `triton_reads.py`: the Pointer-Unit recurrences
+  (`"attention"`, `"shift"`), the Controller GRU and the three smaller ops in Triton (CUDA, or CPU under
+  `TRITON_INTERPRET=1`).
 - `dispatch.py`: decides eager or fused for every op, with the reason for each fallback in one table.
 
 The modules that run these ops import `panm_hf.kernels.dispatch` by its absolute name: transformers' remote-code

@@ -2,9 +2,9 @@
 
 The modules that run these ops describe a call (`Call`) and ask `decide(op, call)`; they never test devices,
 dtypes or settings themselves. The answer names the kernel, `"c"` (the C kernels, `loader.py`), `"triton"`
-(the Triton ports: `triton_port.py`, `triton_shift.py`, `triton_gru.py`), `"cudnn"` (`nn.GRU`, one cuDNN op on
-CUDA) or `"eager"` (plain PyTorch ops, the reference), and for `"eager"` the reason: the first row of `FALLBACKS`
-that holds for the call.
+(the Triton ports: `triton_port.py`, `triton_shift.py`, `triton_gru.py`, `triton_reads.py`), `"cudnn"`
+(`nn.GRU`, one cuDNN op on CUDA) or `"eager"` (plain PyTorch ops, the reference), and for `"eager"` the reason:
+the first row of `FALLBACKS` that holds for the call.
 
 Ops (`OPS`):
     pointer_recurrence: the Pointer-Unit loop (`PointerUnits.forward`), either `pointer_update`.
@@ -16,9 +16,9 @@ Ops (`OPS`):
 Under `recurrence_kernel="fused"` or `"triton"` a recurrence (`RECURRENCES`) that falls back raises a
 ValueError with the reason (`require`); the other ops fall back silently under every setting.
 `"triton"` runs the code path CUDA takes, on any device (on CPU under Triton's interpreter): the Pointer-Unit
-loop in its Triton port, everything else in plain torch ops; the Controller GRU in its Triton port, where CUDA's
-`"auto"` keeps cuDNN's `nn.GRU` (one op forward and one backward there, as the port is one launch each way;
-`nn.GRU` on CPU would dispatch every step's ops).
+loop and the reads (`READS`) in their Triton ports; the Controller GRU in its Triton port, where CUDA's `"auto"`
+keeps cuDNN's `nn.GRU` (one op forward and one backward there, as the port is one launch each way; `nn.GRU` on
+CPU would dispatch every step's ops). `fused_op` names the custom op that runs a read.
 """
 
 from __future__ import annotations
@@ -34,7 +34,8 @@ from .shift_recurrence import shift_recurrence  # noqa: F401  (registers panm_hf
 
 OPS = ("pointer_recurrence", "controller_gru", "cosine_normalize", "mode2_read", "controller_pool")
 RECURRENCES = ("pointer_recurrence", "controller_gru")  # "fused" and "triton" raise when these fall back
-C_ONLY = ("cosine_normalize", "mode2_read", "controller_pool")  # a C kernel on CPU, plain torch elsewhere
+READS = ("cosine_normalize", "mode2_read", "controller_pool")  # per-call ops: a C kernel on CPU, Triton on CUDA
+CUSTOM_OPS = {"cosine_normalize": "normalize_rows", "mode2_read": "mode2_attention", "controller_pool": "masked_pool"}
 
 
 @dataclass(frozen=True)
@@ -70,7 +71,7 @@ class Decision:
 def candidate(op: str, call: Call) -> str:
     """The kernel `op` runs when no fallback applies: CUDA's (and `"triton"`'s) or the C one."""
     cuda_path = call.device.type == "cuda" or call.setting == "triton"
-    if cuda_path and op == "pointer_recurrence":
+    if cuda_path and op in ("pointer_recurrence", *READS):
         return "triton"
     if call.setting == "triton" and op == "controller_gru":  # its Triton port: one launch, as cuDNN's is one op
         return "triton"
@@ -94,8 +95,6 @@ FALLBACKS: tuple[tuple[tuple[str, ...], tuple[str, ...], Callable[[Call], bool],
     (("mode2_read",), ANY, lambda c: c.per_step, "a per-step (causal) mask is read with plain torch ops"),
     (("pointer_recurrence",), ANY, lambda c: c.compiled_step, "compile_step() was called"),
     (("controller_gru",), ANY, lambda c: c.controller_read, CONTROLLER_READ_STEPS),
-    (C_ONLY, ANY, lambda c: c.device.type != "cpu" or c.setting == "triton",
-     'off CPU (and under recurrence_kernel="triton", the CUDA code path) this op is plain torch ops'),
     (OPS, ("c", "triton"), lambda c: not c.uniform, "the inputs, states and parameters differ in dtype or device"),
     (OPS, ("c",), lambda c: c.device.type != "cpu",
      lambda c: f"no fused kernel for device {c.device.type!r} (CPU, and CUDA with Triton)"),
@@ -116,6 +115,15 @@ def decide(op: str, call: Call) -> Decision:
         if op in ops and kernel in kernels and when(call):
             return Decision("eager", reason if isinstance(reason, str) else reason(call))
     return Decision(kernel)
+
+
+def fused_op(op: str, call: Call) -> Callable | None:
+    """The custom op that runs one of `READS` for `call` (`panm_hf::normalize_rows`, `mode2_attention`,
+    `masked_pool`, or their `_triton` ports), or None for the plain torch ops."""
+    kernel = decide(op, call).kernel
+    if kernel == "eager":
+        return None
+    return getattr(torch.ops.panm_hf, CUSTOM_OPS[op] + ("_triton" if kernel == "triton" else ""))
 
 
 def require(op: str, call: Call, what: str) -> Decision:

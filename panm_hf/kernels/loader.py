@@ -18,9 +18,10 @@ final pointers and hidden, plus the per-step states the backward needs) with
 `torch.compile` can trace through them (`pointer_update="shift"` has its own pair, `shift_recurrence.py`,
 built from the same C helpers). Scope: a (batch, slots) mask, on CPU in float32/float64; everything else
 runs the eager loop and `nn.GRU`, which stay the reference (`PanmMemoryConfig.recurrence_kernel`). On CUDA
-the Pointer-Unit ops dispatch to Triton ports of the same algorithms (`triton_port.py`, `triton_shift.py`),
-registered on first use (`register_triton`), as is the Controller GRU's (`triton_gru.py`, which
-`recurrence_kernel="triton"` runs). Which path each op takes, and why, is decided in `dispatch.py` alone.
+the Pointer-Unit ops and the three smaller ops below dispatch to Triton ports of the same algorithms
+(`triton_port.py`, `triton_shift.py`, `triton_reads.py`), registered on first use (`register_triton`), as is the
+Controller GRU's (`triton_gru.py`, which `recurrence_kernel="triton"` runs). Which path each op takes, and why,
+is decided in `dispatch.py` alone.
 
 The same C source holds three smaller kernels used outside the loops, each one op forward and one
 backward: `panm_hf::normalize_rows` (cosine scoring's `scale * normalize(x)`, optionally writing the
@@ -139,12 +140,14 @@ def load_library(dtype_name: str) -> ctypes.CDLL | str:
 
 @functools.cache
 def register_triton() -> str | None:
-    """Register the Triton ports (`triton_port`, `triton_shift`, `triton_gru`) as the recurrences' CUDA kernels, and
-    as `panm_hf::pointer_recurrence_triton`, `shift_recurrence_triton` and `gru_recurrence_triton` on every device
-    (what `recurrence_kernel="triton"` calls); a string saying why when Triton is missing."""
+    """Register the Triton ports (`triton_port`, `triton_shift`, `triton_gru`, `triton_reads`) as their ops' CUDA
+    kernels, and as `panm_hf::<op>_triton` on every device (`pointer_recurrence_triton`, `shift_recurrence_triton`,
+    `gru_recurrence_triton`, `normalize_rows_triton`, `mode2_attention_triton`, `masked_pool_triton`: what
+    `recurrence_kernel="triton"` calls); a string saying why when Triton is missing."""
     try:
         from .triton_gru import gru_backward_triton, gru_forward_triton
         from .triton_port import pointer_backward_triton, pointer_forward_triton
+        from .triton_reads import PORTS as READ_PORTS
         from .triton_shift import shift_backward_triton, shift_forward_triton
     except ImportError as error:
         return f"the Triton kernel needs Triton ({error}); install it with `pip install triton`"
@@ -157,6 +160,12 @@ def register_triton() -> str | None:
          _shift_recurrence_backward_fake, TRITON_AUTOGRAD),
         ("gru_recurrence", gru_forward_triton, gru_backward_triton, _gru_recurrence_fake,
          _gru_recurrence_backward_fake, (_gru_triton_backward, _gru_setup_context)),
+        ("normalize_rows", *READ_PORTS["normalize_rows"], _normalize_rows_fake, _normalize_rows_backward_fake,
+         (_normalize_triton_backward, _normalize_setup_context)),
+        ("mode2_attention", *READ_PORTS["mode2_attention"], _mode2_attention_fake, _mode2_attention_backward_fake,
+         (_mode2_triton_backward, _mode2_setup_context)),
+        ("masked_pool", *READ_PORTS["masked_pool"], _masked_pool_fake, _masked_pool_backward_fake,
+         (_pool_triton_backward, _pool_setup_context)),
     )  # fmt: skip
     for name, forward, backward, fake, backward_fake, (autograd_backward, setup_context) in ports:
         torch.library.register_kernel(f"panm_hf::{name}", "cuda", forward)
@@ -521,11 +530,19 @@ def _normalize_setup_context(ctx, inputs, output):
     ctx.mark_non_differentiable(output[1])
 
 
-def _normalize_backward(ctx, grad, _):
+def _normalize_backward_with(backward_op, ctx, grad):
     if grad is None:
         return None, None, None
-    d_x, d_scale = torch.ops.panm_hf.normalize_rows_backward(grad, *ctx.saved_tensors, ctx.batch)
+    d_x, d_scale = backward_op(grad, *ctx.saved_tensors, ctx.batch)
     return d_x, d_scale if ctx.has_scale else None, None
+
+
+def _normalize_backward(ctx, grad, _):
+    return _normalize_backward_with(torch.ops.panm_hf.normalize_rows_backward, ctx, grad)
+
+
+def _normalize_triton_backward(ctx, grad, _):
+    return _normalize_backward_with(torch.ops.panm_hf.normalize_rows_triton_backward, ctx, grad)
 
 
 def mode2_attention(
@@ -600,13 +617,19 @@ def _mode2_setup_context(ctx, inputs, output):
     ctx.mark_non_differentiable(*saved)
 
 
-def _mode2_backward(ctx, grad_values, grad_weights, *_):
+def _mode2_backward_with(backward_op, ctx, grad_values, grad_weights):
     if grad_values is None and grad_weights is None:
         return None, None, None, None
-    d_queries, d_memory, d_scale = torch.ops.panm_hf.mode2_attention_backward(
-        grad_values, grad_weights, *ctx.saved_tensors
-    )
+    d_queries, d_memory, d_scale = backward_op(grad_values, grad_weights, *ctx.saved_tensors)
     return d_queries, d_memory, None, d_scale if ctx.has_scale else None
+
+
+def _mode2_backward(ctx, grad_values, grad_weights, *_):
+    return _mode2_backward_with(torch.ops.panm_hf.mode2_attention_backward, ctx, grad_values, grad_weights)
+
+
+def _mode2_triton_backward(ctx, grad_values, grad_weights, *_):
+    return _mode2_backward_with(torch.ops.panm_hf.mode2_attention_triton_backward, ctx, grad_values, grad_weights)
 
 
 def masked_pool(memory: Tensor, mask: Tensor, mean: bool) -> Tensor:
@@ -653,6 +676,11 @@ def _pool_setup_context(ctx, inputs, output):
 def _pool_backward(ctx, grad):
     (mask,) = ctx.saved_tensors
     return torch.ops.panm_hf.masked_pool_backward(grad, mask, ctx.mean), None, None
+
+
+def _pool_triton_backward(ctx, grad):
+    (mask,) = ctx.saved_tensors
+    return torch.ops.panm_hf.masked_pool_triton_backward(grad, mask, ctx.mean), None, None
 
 
 def _registered(name: str = "pointer_recurrence") -> bool:

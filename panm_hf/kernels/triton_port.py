@@ -11,7 +11,6 @@ is not imported unless Triton is installed.
 
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 from torch.utils._python_dispatch import _disable_current_modes
@@ -258,10 +257,10 @@ def pointer_forward_triton(pointers, hidden, keys, bank, mask, input_weight, inp
     if keys.stride(3) != 1 or keys.stride(2) != size:
         keys = keys.contiguous()
     args = [t.contiguous() for t in (pointers, hidden)]
-    params = [t.contiguous() for t in (bank, mask.to(torch.uint8), input_weight, input_bias, hidden_weight,
+    params = [t.contiguous() for t in (bank, mask, input_weight, input_bias, hidden_weight,
                                        hidden_bias)]  # fmt: skip
     cosine = inverse_temperature is not None
-    tau = inverse_temperature.reshape(1) if cosine else keys.new_ones(1)
+    tau = inverse_temperature if cosine else keys  # the scale's 0-d tensor (unread for dot scoring)
     new = keys.new_empty
     outputs = (new(batch, num_steps, units, slots), new(batch, units, bits), new(batch, units, size),
                new(batch, units, num_steps + 1, size), new(batch, units, num_steps + 1, bits),
@@ -288,14 +287,14 @@ def pointer_backward_triton(grad_weights, grad_pointers, grad_hidden, keys, bank
              grad_hidden if grad_hidden is not None else zeros(batch, units, size))  # fmt: skip
     grads = [g.contiguous() for g in grads]
     cosine = inverse_temperature is not None
-    tau = inverse_temperature.reshape(1) if cosine else keys.new_ones(1)
+    tau = inverse_temperature if cosine else keys  # the scale's 0-d tensor (unread for dot scoring)
     new, rows = keys.new_empty, batch * steps
     d_p0, d_h0, d_keys = new(batch, units, bits), new(batch, units, size), new(batch, units, slots, size)
     d_bank_rows, d_tau_rows = new(batch, units, slots, bits), new(batch * units)
     factors = (new(units, size, rows), new(units, bits, rows), new(units, rows, 3 * size), new(units, rows, 3 * size))
     _launch(
         _pointer_backward_kernel, (batch * units,),
-        keys, keys.stride(0), keys.stride(1), bank.contiguous(), mask.to(torch.uint8).contiguous(),
+        keys, keys.stride(0), keys.stride(1), bank.contiguous(), mask.contiguous(),
         input_weight.contiguous(), hidden_weight.contiguous(), tau, hidden_states, pointer_states, gates, norms,
         probs, *grads, d_p0, d_h0, d_keys, d_bank_rows, d_tau_rows, *factors, new(batch * units, size),
         units, batch, steps, slots, bits, size, COSINE=cosine, **_blocks(size, slots, bits),

@@ -228,9 +228,9 @@ def shift_forward_triton(pointers, hidden, keys, bank, mask, input_weight, input
     if keys.stride(3) != 1 or keys.stride(2) != size:
         keys = keys.contiguous()
     inputs = [t.contiguous() for t in (pointers, hidden)]
-    params = [t.contiguous() for t in (bank, mask.to(torch.uint8), input_weight, input_bias, hidden_weight,
+    params = [t.contiguous() for t in (bank, mask, input_weight, input_bias, hidden_weight,
                                        hidden_bias)]  # fmt: skip
-    tau = inverse_temperature.reshape(1) if inverse_temperature is not None else keys.new_ones(1)
+    tau = inverse_temperature if inverse_temperature is not None else keys  # unread for dot scoring
     shift = [t.contiguous() for t in (previous_weights, head_weight, head_bias, sharpening)]
     new = keys.new_empty
     outputs = (new(batch, num_steps, units, slots), new(batch, units, bits), new(batch, units, size),
@@ -259,7 +259,7 @@ def shift_backward_triton(grad_weights, grad_pointers, grad_hidden, keys, bank, 
              grad_pointers if grad_pointers is not None else zeros(batch, units, bits),
              grad_hidden if grad_hidden is not None else zeros(batch, units, size))  # fmt: skip
     grads = [g.contiguous() for g in grads]
-    tau = inverse_temperature.reshape(1) if inverse_temperature is not None else keys.new_ones(1)
+    tau = inverse_temperature if inverse_temperature is not None else keys  # unread for dot scoring
     new, rows = keys.new_empty, batch * steps
     d_p0, d_h0, d_keys = new(batch, units, bits), new(batch, units, size), new(batch, units, slots, size)
     d_bank_rows, d_tau_rows = new(batch, units, slots, bits), new(batch * units)
@@ -269,7 +269,7 @@ def shift_backward_triton(grad_weights, grad_pointers, grad_hidden, keys, bank, 
     shift = [t.contiguous() for t in (previous_weights, head_weight, sharpening)]
     _launch(
         _shift_backward_kernel, (batch * units,),
-        keys, keys.stride(0), keys.stride(1), bank.contiguous(), mask.to(torch.uint8).contiguous(),
+        keys, keys.stride(0), keys.stride(1), bank.contiguous(), mask.contiguous(),
         input_weight.contiguous(), hidden_weight.contiguous(), tau, hidden_states, pointer_states, gates, norms,
         probs, *shift, moves, mixed, sharpened, *grads, d_p0, d_h0, d_keys, d_bank_rows, d_tau_rows, *factors,
         new(batch * units, size), d_w0, d_head_rows, d_head_bias_rows, d_sharpening_rows, new(batch * units, slots),
