@@ -35,6 +35,11 @@ def masked_softmax(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return torch.softmax(scores, dim=-1) * mask
 
 
+def padded(size: int) -> int:
+    """`size` rounded up to a power of two, as a Triton block holds it."""
+    return 1 << max(size - 1, 0).bit_length()
+
+
 class AttentionScorer(nn.Module):
     """Scores queries against keys with `config.scoring` (`cosine_inverse_temperature` for `"cosine"`).
 
@@ -61,12 +66,13 @@ class AttentionScorer(nn.Module):
             with torch.no_grad():
                 self.inverse_temperature.fill_(self.cosine_inverse_temperature_init)
 
-    def fused(self, x: torch.Tensor, op: str = "cosine_normalize", *, per_step: bool = False):
-        """The custom op that runs `op` (`"cosine_normalize"` or `"mode2_read"`) on `x` in one kernel (its C kernel
-        on CPU, its Triton port on the CUDA path), or None for plain torch ops, as `panm_hf.kernels.dispatch`
-        decides."""
+    def fused(self, x: torch.Tensor, op: str = "cosine_normalize", *, per_step: bool = False, memory=None):
+        """The custom op that runs `op` (`"cosine_normalize"`, or `"mode2_read"` over `memory`) on `x` in one kernel
+        (its C kernel on CPU, its Triton port on the CUDA path), or None for plain torch ops, as
+        `panm_hf.kernels.dispatch` decides."""
         uniform = self.scoring != "cosine" or x.dtype == self.inverse_temperature.dtype
-        call = Call(self.recurrence_kernel, x.device, x.dtype, uniform=uniform, per_step=per_step)
+        tile = 0 if memory is None else padded(memory.shape[1]) * padded(memory.shape[2])  # (slots, dim) of M
+        call = Call(self.recurrence_kernel, x.device, x.dtype, uniform=uniform, per_step=per_step, tile=tile)
         return fused_op(op, call)
 
     def prepare_keys(self, keys: torch.Tensor) -> torch.Tensor:

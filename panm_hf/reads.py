@@ -64,7 +64,7 @@ class Mode2Reader(nn.Module):
         batch, heads = memory_states.shape[0], self.num_heads
         queries = self.query_mlp(mode1_values)  # (batch*steps, heads*dim)
         queries = queries.reshape(batch, -1, memory_states.shape[-1])  # (batch, steps*heads, dim)
-        read = self.scorer.fused(queries, "mode2_read", per_step=attention_mask.dim() != 2)
+        read = self.scorer.fused(queries, "mode2_read", per_step=attention_mask.dim() != 2, memory=memory_states)
         if read is not None:  # one kernel (C on CPU, Triton on the CUDA path)
             scale = self.scorer.inverse_temperature if self.scorer.scoring == "cosine" else None
             values, weights = read(queries, memory_states, attention_mask, scale)[:2]
@@ -108,7 +108,7 @@ class DecoderContentReader(nn.Module):
 
         The same read as a Mode-2 head's, so it runs the same C kernel where that one runs."""
         queries = self.query(decoder_states.to(memory_states.dtype))  # (batch, steps, dim)
-        read = self.scorer.fused(queries, "mode2_read", per_step=attention_mask.dim() != 2)
+        read = self.scorer.fused(queries, "mode2_read", per_step=attention_mask.dim() != 2, memory=memory_states)
         if read is not None:  # one kernel (C on CPU, Triton on the CUDA path)
             scale = self.scorer.inverse_temperature if self.scorer.scoring == "cosine" else None
             values, weights = read(queries, memory_states, attention_mask, scale)[:2]

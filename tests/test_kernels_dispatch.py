@@ -30,14 +30,15 @@ CASES = [
     ("controller_gru", Call("auto", CUDA, F32, controller_read=True), 4),
     ("controller_gru", Call("auto", CPU, F32, uniform=False), 5),
     ("mode2_read", Call("auto", CUDA, F32, uniform=False), 5),
-    ("pointer_recurrence", Call("auto", META, F32), 6),
-    ("pointer_recurrence", Call("auto", CPU, torch.float16), 7),
-    ("cosine_normalize", Call("auto", CUDA, torch.bfloat16), 7),
-    ("controller_gru", Call("auto", CPU, F32), 8),  # with no C compiler (patched below)
-    ("pointer_recurrence", Call("auto", CUDA, F32), 9),  # with no Triton (patched below)
-    ("controller_pool", Call("auto", CUDA, F32), 9),  # with no Triton (patched below)
-    ("pointer_recurrence", Call("triton", CPU, F32), 10),  # with the interpreter off (patched below)
-    ("cosine_normalize", Call("triton", CPU, F32), 10),  # with the interpreter off (patched below)
+    ("mode2_read", Call("auto", CUDA, F32, tile=512 * 512), 6),  # BERT-sized M: cuBLAS reads it
+    ("pointer_recurrence", Call("auto", META, F32), 7),
+    ("pointer_recurrence", Call("auto", CPU, torch.float16), 8),
+    ("cosine_normalize", Call("auto", CUDA, torch.bfloat16), 8),
+    ("controller_gru", Call("auto", CPU, F32), 9),  # with no C compiler (patched below)
+    ("pointer_recurrence", Call("auto", CUDA, F32), 10),  # with no Triton (patched below)
+    ("controller_pool", Call("auto", CUDA, F32), 10),  # with no Triton (patched below)
+    ("pointer_recurrence", Call("triton", CPU, F32), 11),  # with the interpreter off (patched below)
+    ("cosine_normalize", Call("triton", CPU, F32), 11),  # with the interpreter off (patched below)
 ]
 
 
@@ -45,7 +46,7 @@ def test_every_fallback_row_gives_its_reason_for_its_case(monkeypatch):
     monkeypatch.setattr(dispatch, "load_library", lambda dtype: "no C compiler found (set $CC or install cc/gcc)")
     monkeypatch.setattr(dispatch, "register_triton", lambda: "the Triton kernel needs Triton (missing)")
     for op, call, row in CASES:
-        if row == 10:
+        if row == 11:
             monkeypatch.setattr(dispatch, "register_triton", lambda: None)
             monkeypatch.setattr(dispatch, "triton_interpreted", lambda: False)
         reason = FALLBACKS[row][3]
@@ -69,6 +70,8 @@ def test_the_kernel_when_nothing_falls_back(monkeypatch):
         assert decide(op, Call("auto", CPU, F32)).kernel == "c"
         assert decide(op, Call("auto", CUDA, F32)).kernel == "triton"
         assert decide(op, Call("triton", CPU, torch.float64)).kernel == "triton"
+    assert decide("mode2_read", Call("auto", CUDA, F32, tile=dispatch.TRITON_TILE)).kernel == "triton"
+    assert decide("mode2_read", Call("auto", CPU, F32, tile=512 * 512)).kernel == "c"  # the C kernel has no tile
 
 
 def test_fused_op_names_the_custom_op_of_each_read(monkeypatch):

@@ -35,6 +35,7 @@ from .shift_recurrence import shift_recurrence  # noqa: F401  (registers panm_hf
 OPS = ("pointer_recurrence", "controller_gru", "cosine_normalize", "mode2_read", "controller_pool")
 RECURRENCES = ("pointer_recurrence", "controller_gru")  # "fused" and "triton" raise when these fall back
 READS = ("cosine_normalize", "mode2_read", "controller_pool")  # per-call ops: a C kernel on CPU, Triton on CUDA
+TRITON_TILE = 1 << 16  # elements of M one Mode-2 Triton program holds, padded to powers of two
 CUSTOM_OPS = {"cosine_normalize": "normalize_rows", "mode2_read": "mode2_attention", "controller_pool": "masked_pool"}
 
 
@@ -49,6 +50,7 @@ class Call:
         per_step: per-step masks, a step mask or anchors (causal decoding).
         compiled_step: `PointerUnits.compile_step()` was called.
         controller_read: `content_read="controller"`.
+        tile: the Mode-2 read's `slots x dim` tile (`M` as one Triton program holds it), 0 for other ops.
     """
 
     setting: str
@@ -58,6 +60,7 @@ class Call:
     per_step: bool = False
     compiled_step: bool = False
     controller_read: bool = False
+    tile: int = 0
 
 
 @dataclass(frozen=True)
@@ -96,6 +99,9 @@ FALLBACKS: tuple[tuple[tuple[str, ...], tuple[str, ...], Callable[[Call], bool],
     (("pointer_recurrence",), ANY, lambda c: c.compiled_step, "compile_step() was called"),
     (("controller_gru",), ANY, lambda c: c.controller_read, CONTROLLER_READ_STEPS),
     (OPS, ("c", "triton"), lambda c: not c.uniform, "the inputs, states and parameters differ in dtype or device"),
+    (("mode2_read",), ("triton",), lambda c: c.tile > TRITON_TILE,
+     f"M's padded (slots x dim) tile is past the {TRITON_TILE:,} elements one Triton program holds; plain torch ops "
+     "(batched matmuls) read it"),
     (OPS, ("c",), lambda c: c.device.type != "cpu",
      lambda c: f"no fused kernel for device {c.device.type!r} (CPU, and CUDA with Triton)"),
     (OPS, ("c", "triton"), lambda c: c.dtype not in DTYPES,
