@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from .loader import _normalize_layout
 from .triton_port import _launch
 
 EPS = tl.constexpr(1e-12)  # the C kernels' and torch's normalize eps
@@ -73,18 +74,10 @@ def _normalize_backward_kernel(x, scale, norms, dy, dx, d_scale_parts, R, A, Bt,
     tl.store(dx + rows[:, None] * D + offs_d[None, :], grad, mask=tile)
 
 
-def _layout(x: Tensor, batch: int) -> tuple[int, int, int, int]:
-    # (A, Bt, S, dim) as the C kernel takes them: units, batch, slots for the swapped address keys
-    dim = x.shape[-1]
-    if batch:
-        return x.shape[0], batch, x.shape[1] // batch, dim
-    return 1, 1, x.numel() // dim if dim else 0, dim
-
-
 def normalize_rows_triton(x: Tensor, scale: Tensor | None, batch: int = 0) -> tuple[Tensor, Tensor]:
     """Same arguments and outputs as `loader.normalize_rows`."""
     x = x.contiguous()
-    units, rows_b, slots, dim = _layout(x, batch)
+    (units, rows_b, slots, dim), _ = _normalize_layout(x, batch)
     shape = (batch, units, slots, dim) if batch else x.shape
     y, norms = x.new_empty(shape), x.new_empty(x.shape[:-1])
     rows = units * rows_b * slots
@@ -102,7 +95,7 @@ def normalize_rows_backward_triton(
 ) -> tuple[Tensor, Tensor]:
     """Same arguments and outputs as `loader.normalize_rows_backward`."""
     x, grad = x.contiguous(), grad.contiguous()
-    units, rows_b, slots, dim = _layout(x, batch)
+    (units, rows_b, slots, dim), _ = _normalize_layout(x, batch)
     rows = units * rows_b * slots
     if not rows * dim:
         return torch.zeros_like(x), x.new_zeros(())
