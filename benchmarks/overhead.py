@@ -50,6 +50,7 @@ from transformers import (
 )
 
 from panm_hf import PanmConfig, PanmForCausalLM, PanmForSeq2SeqLM
+from panm_hf.cache_panm import BACKBONE_CACHE_KWARG
 from panm_hf.modeling_panm_qa import BertWithPanmForQuestionAnswering
 from research import build_model, make_batch, task_spec
 
@@ -392,7 +393,7 @@ def set_recurrence_kernel(model, kernel: str) -> None:
 
 
 def cached_step_ops(model, device: str, size: str, prefix: int = 4) -> int:
-    """Aten ops of one cached decoding step of the seq2seq case: one new target token with `past_key_values`,
+    """Aten ops of one cached decoding step of the seq2seq case: one new target token with the cache,
     after the encoder and a `prefix`-token decoder pass filled the cache (eval mode, no gradients)."""
     sizes = SIZES[size]
     generator = torch.Generator().manual_seed(0)
@@ -405,9 +406,9 @@ def cached_step_ops(model, device: str, size: str, prefix: int = 4) -> int:
     with torch.no_grad():
         encoder_outputs = model.get_encoder()(input_ids=input_ids, attention_mask=attention_mask)
         inputs = dict(encoder_outputs=encoder_outputs, attention_mask=attention_mask, use_cache=True)
-        past = model(decoder_input_ids=target[:, :prefix], **inputs).past_key_values
-        with counter:
-            model(decoder_input_ids=target[:, prefix:], past_key_values=past, **inputs)
+        past = getattr(model(decoder_input_ids=target[:, :prefix], **inputs), BACKBONE_CACHE_KWARG)
+        with counter:  # the cache under the backbone's own name (`cache` from transformers 5.24)
+            model(decoder_input_ids=target[:, prefix:], **{BACKBONE_CACHE_KWARG: past}, **inputs)
     model.train()
     return counter.count
 
