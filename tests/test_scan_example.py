@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import run_table
 import torch
-from run_scan import randomise_decoder_positions, remove_decoder_positions
+from decoder_positions import randomise_decoder_positions, remove_decoder_positions
 
 from panm_hf.pipelines.scan_data import ScanSplit, cutoff_split, read_tasks, score, word_tokenizer
 
@@ -132,6 +132,65 @@ def test_remove_decoder_positions_refuses_a_relative_position_backbone():
 
     with pytest.raises(ValueError, match="--decoder_positions none"):
         remove_decoder_positions(AutoModelForSeq2SeqLM.from_config(BACKBONES["t5"]()))
+
+
+def test_alibi_attention_is_a_causal_softmax_biased_by_distance():
+    import decoder_positions
+
+    torch.manual_seed(0)
+    module = torch.nn.Module()
+    module.is_causal = True
+    query, key, value = (torch.randn(2, 4, 5, 8, dtype=torch.float64) for _ in range(3))  # (batch, heads, steps, d)
+    output, _ = decoder_positions.alibi_attention(module, query, key, value, None, scaling=0.5)  # (2, 5, 4, 8)
+    slopes = torch.tensor([2.0**-2, 2.0**-4, 2.0**-6, 2.0**-8], dtype=torch.float64)
+    distance = torch.arange(5)[:, None] - torch.arange(5)  # (steps, steps)
+    scores = query @ key.transpose(-1, -2) * 0.5 - slopes[:, None, None] * distance  # (2, 4, 5, 5)
+    scores = scores.masked_fill(distance < 0, float("-inf"))
+    expected = (scores.softmax(-1) @ value).transpose(1, 2)  # (2, 5, 4, 8)
+    torch.testing.assert_close(output, expected)
+    cached, _ = decoder_positions.alibi_attention(module, query[:, :, 4:], key, value, None, scaling=0.5)
+    torch.testing.assert_close(cached, expected[:, 4:])  # a cached step is the newest position
+    module.is_causal = False  # cross-attention and the encoder: plain SDPA, no bias
+    plain, _ = decoder_positions.alibi_attention(module, query, key, value, None, scaling=0.5)
+    expected = ((query @ key.transpose(-1, -2) * 0.5).softmax(-1) @ value).transpose(1, 2)  # (2, 5, 4, 8)
+    torch.testing.assert_close(plain, expected)
+
+
+def test_use_alibi_gives_the_decoder_distance_not_position_and_keeps_masks_and_cache():
+    import decoder_positions
+    from conftest import BACKBONES
+    from transformers import AutoModelForSeq2SeqLM
+
+    from panm_hf import PanmForSeq2SeqLM
+
+    torch.manual_seed(0)
+    blind = AutoModelForSeq2SeqLM.from_config(BACKBONES["bart"]()).eval()
+    decoder_positions.remove_decoder_positions(blind)
+    model = AutoModelForSeq2SeqLM.from_config(BACKBONES["bart"]()).eval()
+    model.load_state_dict(blind.state_dict())
+    decoder_positions.apply(model, "alibi")
+    assert not model.get_decoder().embed_positions.weight.requires_grad
+    source, decoder_inputs = torch.tensor([[5, 6, 2]]), torch.tensor([[2, 7, 7, 7]])
+    ours = model(input_ids=source, decoder_input_ids=decoder_inputs, output_hidden_states=True)
+    theirs = blind(input_ids=source, decoder_input_ids=decoder_inputs, output_hidden_states=True)
+    torch.testing.assert_close(ours.encoder_last_hidden_state, theirs.encoder_last_hidden_state)
+    torch.testing.assert_close(ours.decoder_hidden_states[0], theirs.decoder_hidden_states[0])
+    assert not torch.allclose(ours.decoder_hidden_states[-1], theirs.decoder_hidden_states[-1], atol=1e-4)
+
+    panm = PanmForSeq2SeqLM.from_backbone(model, placement="replace").eval()
+    decoder_positions.apply(panm, "alibi")
+    source = torch.tensor([[5, 6, 7, 2], [5, 6, 2, 1]])
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]])
+    decoder_inputs = torch.tensor([[2, 7, 8, 9, 10], [2, 7, 8, 9, 10]])
+    batch = panm(input_ids=source, attention_mask=mask, decoder_input_ids=decoder_inputs).logits
+    alone = panm(input_ids=source[1:, :3], decoder_input_ids=decoder_inputs[1:]).logits
+    torch.testing.assert_close(batch[1], alone[0])  # the encoder's padding mask still applies
+    generated = panm.generate(input_ids=source, attention_mask=mask, max_new_tokens=6, do_sample=False,
+                              num_beams=1, forced_eos_token_id=None)  # fmt: skip
+    forced = panm(input_ids=source, attention_mask=mask, decoder_input_ids=generated[:, :-1]).logits
+    assert torch.equal(forced.argmax(-1), generated[:, 1:])  # cached steps see the same distances
+    with pytest.raises(ValueError, match="--decoder_positions"):
+        decoder_positions.apply(panm, "rotary")
 
 
 def test_table_driver_names_runs_and_summarises_seeds(tmp_path):

@@ -21,6 +21,7 @@ from collections import Counter
 from pathlib import Path
 
 import torch
+from decoder_positions import use_alibi
 from run_scan import greedy_actions
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
@@ -41,6 +42,8 @@ def load_run(run_dir: Path):
         raise ValueError(f"{model_dir} holds no saved model; run_scan.py saves it at the end of training.")
     model = AutoModelForSeq2SeqLM.from_pretrained(model_dir).eval()
     apply_control(model, summary["model_args"].get("control"))  # a control's hook is not in the weights
+    if summary["model_args"].get("decoder_positions") == "alibi":  # nor is the attention function
+        use_alibi(model)
     return summary, model, AutoTokenizer.from_pretrained(model_dir)
 
 

@@ -11,7 +11,8 @@ every wrong output, did it stop early, run late, or have the right length with w
 Both models share the backbone config, the vocabulary, the data order, the seed and the step budget;
 the PANM model is the same backbone with PANM plugged into its decoder (`--placement`, and every
 `PanmMemoryConfig` field). `--decoder_positions none` removes the decoder's absolute positions
-(zeroed and frozen), for either model. `--eval_every N` scores a fixed sample of the test and
+(zeroed and frozen), for either model; `offset` and `alibi` are the other position signals of
+`decoder_positions.py`. `--eval_every N` scores a fixed sample of the test and
 i.i.d. sets every N steps: the curve against steps.
 
     python examples/scan/run_scan.py --data_dir ../shared/data/scan --cutoff 26 \
@@ -27,6 +28,8 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 from datasets import Dataset
+from decoder_positions import DECODER_POSITIONS
+from decoder_positions import apply as apply_decoder_positions
 from transformers import (
     HfArgumentParser,
     Seq2SeqTrainingArguments,
@@ -60,7 +63,6 @@ from panm_hf.pipelines.seq2seq import (
     validate_model_args,
 )
 
-DECODER_POSITIONS = ("absolute", "none", "offset")
 # The design the SCAN page recommends for PANM (docs/results/scan.md): the paper's integration.
 SCAN_PANM_FLAGS = {"placement": "replace", "panm_drop_path": 0.0}
 
@@ -82,7 +84,8 @@ class ModelArguments(seq2seq.ModelArguments):
         metadata={
             "help": "absolute: the backbone's own; none: the decoder's absolute positions zeroed and frozen; "
             "offset: in training each sample's decoder positions start at a random offset in "
-            "[0, --max_position_offset] (PANM's random base address, given to the decoder), at 0 in evaluation."
+            "[0, --max_position_offset] (PANM's random base address, given to the decoder), at 0 in evaluation; "
+            "alibi: none, and ALiBi's linear distance bias in the decoder's self-attention (Press et al. 2022)."
         },
     )
     max_position_offset: int = field(
@@ -121,44 +124,6 @@ def tokenize(split: ScanSplit, tokenizer) -> Dataset:
     return Dataset.from_dict(
         {"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"], "labels": labels["input_ids"]}
     )
-
-
-def remove_decoder_positions(model: torch.nn.Module) -> None:
-    """Zero and freeze the decoder's absolute position embeddings (BART's learned, Marian's sinusoidal)."""
-    positions = getattr(model.get_decoder(), "embed_positions", None)
-    if positions is None:
-        raise ValueError("--decoder_positions none needs a decoder with absolute positions (bart or marian).")
-    with torch.no_grad():
-        positions.weight.zero_()
-    positions.weight.requires_grad_(False)
-
-
-def randomise_decoder_positions(model: torch.nn.Module, max_offset: int) -> None:
-    """In training, start each sample's decoder positions at a random offset in [0, max_offset] (at 0 in eval).
-
-    A forward hook on the decoder's position embedding re-reads it at the shifted positions, so the saved
-    weights are the backbone's own and a saved model loads and decodes as the plain backbone (offset 0).
-    Every position up to the longest training output + `max_offset` gets trained, and no absolute position
-    marks the training lengths (Ruoss et al. 2023; PANM's base address p_B for the decoder).
-    """
-    positions = getattr(model.get_decoder(), "embed_positions", None)
-    if positions is None or not hasattr(positions, "weight"):
-        raise ValueError("--decoder_positions offset needs a decoder with absolute positions (bart or marian).")
-    table_size = positions.weight.shape[0] - getattr(positions, "offset", 0)
-
-    def shifted(module, args, output):
-        if not module.training:
-            return None
-        steps = output.shape[-2]
-        shape = args[0] if isinstance(args[0], torch.Size) else args[0].shape  # Marian passes the ids' shape
-        batch = shape[0]
-        if steps - 1 + max_offset >= table_size:  # checked on sizes: no device sync per step
-            raise ValueError(f"--max_position_offset {max_offset} runs past the {table_size} decoder positions.")
-        offsets = torch.randint(0, max_offset + 1, (batch, 1), device=module.weight.device)  # (batch, 1)
-        ids = torch.arange(steps, device=module.weight.device) + offsets  # (batch, steps)
-        return torch.nn.functional.embedding(ids + getattr(module, "offset", 0), module.weight)  # (batch, steps, d)
-
-    positions.register_forward_hook(shifted)
 
 
 @torch.no_grad()
@@ -222,10 +187,7 @@ def run_one(name, model_args, panm_args, data_args, training_args, tokenizer, co
     """Train one model for the step budget, then score the evaluation (and test) sets."""
     set_seed(training_args.seed)  # both models start from the same random stream and see the same batches
     model = build_model(name, model_args, panm_args, config)
-    if model_args.decoder_positions == "none":
-        remove_decoder_positions(model)
-    elif model_args.decoder_positions == "offset":
-        randomise_decoder_positions(model, model_args.max_position_offset)
+    apply_decoder_positions(model, model_args.decoder_positions, model_args.max_position_offset)
     batch_size = training_args.per_device_eval_batch_size
     curve_sets = {key: split.subset(data_args.curve_samples, training_args.seed) for key, split in sets["eval"].items()}
     callback = CurveCallback(curve_sets, tokenizer, data_args.eval_every, batch_size, data_args.max_new_tokens)

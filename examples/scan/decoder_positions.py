@@ -1,0 +1,105 @@
+"""The decoder's position signal on SCAN (`--decoder_positions`): the backbone's own absolute positions,
+none, a random offset in training, or ALiBi's linear distance bias in place of them.
+
+Each is applied to a built model before training (`apply`); none of them adds a parameter, so a saved model
+is the plain backbone. ALiBi lives in the attention function, which a config does not save: a model
+trained with it must have `apply(model, "alibi")` called again after loading.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+DECODER_POSITIONS = ("absolute", "none", "offset", "alibi")
+ALIBI_ATTENTION = "scan_decoder_alibi"  # the attention implementation's registered name
+
+
+def remove_decoder_positions(model: torch.nn.Module) -> None:
+    """Zero and freeze the decoder's absolute position embeddings (BART's learned, Marian's sinusoidal)."""
+    positions = getattr(model.get_decoder(), "embed_positions", None)
+    if positions is None:
+        raise ValueError("--decoder_positions none needs a decoder with absolute positions (bart or marian).")
+    with torch.no_grad():
+        positions.weight.zero_()
+    positions.weight.requires_grad_(False)
+
+
+def randomise_decoder_positions(model: torch.nn.Module, max_offset: int) -> None:
+    """In training, start each sample's decoder positions at a random offset in [0, max_offset] (at 0 in eval).
+
+    A forward hook on the decoder's position embedding re-reads it at the shifted positions, so the saved
+    weights are the backbone's own and a saved model loads and decodes as the plain backbone (offset 0).
+    Every position up to the longest training output + `max_offset` gets trained, and no absolute position
+    marks the training lengths (Ruoss et al. 2023; PANM's base address p_B for the decoder).
+    """
+    positions = getattr(model.get_decoder(), "embed_positions", None)
+    if positions is None or not hasattr(positions, "weight"):
+        raise ValueError("--decoder_positions offset needs a decoder with absolute positions (bart or marian).")
+    table_size = positions.weight.shape[0] - getattr(positions, "offset", 0)
+
+    def shifted(module, args, output):
+        if not module.training:
+            return None
+        steps = output.shape[-2]
+        shape = args[0] if isinstance(args[0], torch.Size) else args[0].shape  # Marian passes the ids' shape
+        batch = shape[0]
+        if steps - 1 + max_offset >= table_size:  # checked on sizes: no device sync per step
+            raise ValueError(f"--max_position_offset {max_offset} runs past the {table_size} decoder positions.")
+        offsets = torch.randint(0, max_offset + 1, (batch, 1), device=module.weight.device)  # (batch, 1)
+        ids = torch.arange(steps, device=module.weight.device) + offsets  # (batch, steps)
+        return torch.nn.functional.embedding(ids + getattr(module, "offset", 0), module.weight)  # (batch, steps, d)
+
+    positions.register_forward_hook(shifted)
+
+
+def alibi_slopes(num_heads: int) -> torch.Tensor:
+    """Press et al. 2022's per-head slopes, the geometric sequence 2^(-8 h / heads) for h = 1..heads."""
+    return torch.exp2(-8.0 * torch.arange(1, num_heads + 1) / num_heads)  # (heads,)
+
+
+def alibi_bias(num_heads: int, queries: int, keys: int, device, dtype) -> torch.Tensor:
+    """`-slope_h * (i - j)` for query i and key j <= i; queries are the last `queries` of the `keys` positions
+    (a cached step is the newest). Future keys get 0 here: the causal mask removes them."""
+    query_positions = torch.arange(keys - queries, keys, device=device)  # (queries,)
+    distance = (query_positions[:, None] - torch.arange(keys, device=device)).clamp(min=0)  # (queries, keys)
+    slopes = alibi_slopes(num_heads).to(device=device, dtype=dtype)  # (heads,)
+    return -(slopes[:, None, None] * distance)[None]  # (1, heads, queries, keys)
+
+
+def alibi_attention(module, query, key, value, attention_mask, **kwargs):
+    """SDPA with ALiBi's bias on causal self-attention (the decoder's); every other attention is plain SDPA."""
+    if not getattr(module, "is_causal", False):
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    bias = alibi_bias(query.shape[1], query.shape[2], key.shape[2], query.device, query.dtype)
+    return sdpa_attention_forward(module, query, key, value, attention_mask, position_bias=bias, **kwargs)
+
+
+def use_alibi(model: torch.nn.Module) -> None:
+    """Replace the decoder's absolute positions with ALiBi (Press et al. 2022) in its self-attention.
+
+    The absolute positions are zeroed and frozen (`remove_decoder_positions`), and every attention module
+    of the model dispatches to `alibi_attention` (registered with transformers' `AttentionInterface`, its
+    masks built as SDPA's), which biases causal self-attention by `-slope_h * distance`: a head's scores
+    depend only on how far back a token is, so no step past the training length looks new.
+    """
+    remove_decoder_positions(model)
+    AttentionInterface.register(ALIBI_ATTENTION, alibi_attention)
+    AttentionMaskInterface.register(ALIBI_ATTENTION, sdpa_mask)
+    configs = {id(m.config): m.config for m in model.modules() if hasattr(getattr(m, "config", None), "sub_configs")}
+    for config in configs.values():  # the wrapper's config and the backbone's, which its layers read
+        config._attn_implementation = ALIBI_ATTENTION
+
+
+def apply(model: torch.nn.Module, decoder_positions: str, max_offset: int = 64) -> None:
+    """Give `model`'s decoder the position signal named by `--decoder_positions`."""
+    if decoder_positions not in DECODER_POSITIONS:
+        raise ValueError(f"--decoder_positions must be one of {DECODER_POSITIONS} (got {decoder_positions!r}).")
+    if decoder_positions == "none":
+        remove_decoder_positions(model)
+    elif decoder_positions == "offset":
+        randomise_decoder_positions(model, max_offset)
+    elif decoder_positions == "alibi":
+        use_alibi(model)
