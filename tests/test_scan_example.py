@@ -258,6 +258,8 @@ def test_eos_oracle_splits_free_errors_and_forces_the_target_length():
 
     outcomes = eos_oracle.free_outcomes(["A B", "A", "A B C", "B B"], ["A B", "A B", "A B", "A B"])
     assert outcomes == {"correct": 25.0, "early_prefix": 25.0, "late_prefix": 25.0, "content": 25.0}
+    late = eos_oracle.overruns(["A B A B", "A B C", "A B B", "A"], ["A B", "A B", "A B", "A"])
+    assert late == {"extra_actions": {"1": 50.0, "2": 25.0}, "repeats_the_end": 50.0}  # "A B +A B", "A B +B"
     tokenizer = word_tokenizer(["jump walk twice", "I_JUMP I_WALK"])
     config = BartConfig(vocab_size=len(tokenizer), d_model=16, encoder_layers=1, decoder_layers=1,
                         encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=16, decoder_ffn_dim=16,
@@ -269,6 +271,17 @@ def test_eos_oracle_splits_free_errors_and_forces_the_target_length():
     for length in (1, 4, 9):
         (actions,) = eos_oracle.decode(model, tokenizer, ["jump twice"], length)
         assert len(actions.split()) == length  # EOS suppressed before the length, decoding stopped after it
+    commands, targets = ["jump twice", "walk", "jump walk"], ["I_JUMP I_JUMP", "I_WALK", "I_JUMP"]
+    probabilities = eos_oracle.end_probabilities(model, tokenizer, commands, targets, batch_size=2)
+    for command, target, probability in zip(commands, targets, probabilities):  # each row alone, by hand
+        labels = tokenizer([target], return_tensors="pt")["input_ids"]  # (1, actions + EOS)
+        logits = model(**tokenizer([command], return_tensors="pt"), labels=labels).logits  # (1, actions + 1, vocab)
+        expected = logits[0, len(target.split())].softmax(-1)[tokenizer.eos_token_id]
+        torch.testing.assert_close(probability, expected)
+    split = ScanSplit(commands, targets)
+    margins = eos_oracle.stop_margins(model, tokenizer, split, ["I_JUMP I_JUMP I_JUMP", "I_WALK", "I_WALK"])
+    assert margins["late_prefix"]["count"] == 1 and margins["correct"]["count"] == 1
+    torch.testing.assert_close(margins["late_prefix"]["median"], probabilities[0].item(), rtol=1e-6, atol=1e-7)
 
 
 def test_eos_oracle_names_a_folder_without_a_run(tmp_path):

@@ -76,6 +76,51 @@ def free_outcomes(predictions: list[str], targets: list[str]) -> dict:
     return {key: 100.0 * outcome[key] / len(targets) for key in ("correct", "early_prefix", "late_prefix", "content")}
 
 
+def overruns(predictions: list[str], targets: list[str]) -> dict:
+    """The outputs that ran late after the whole target, by how many extra actions (% of all outputs), and
+    the share of all outputs whose extra actions repeat the target's own last actions (one repetition too
+    many: a count that ran past its end, not a wrong action)."""
+    extra, repeats = Counter(), 0
+    for prediction, target in zip(predictions, targets):
+        p, t = prediction.split(), target.split()
+        if len(p) > len(t) and p[: len(t)] == t:
+            tail = p[len(t) :]
+            extra[len(tail)] += 1
+            repeats += len(tail) <= len(t) and tail == t[len(t) - len(tail) :]
+    share = 100.0 / len(targets)
+    return {"extra_actions": {str(k): share * n for k, n in sorted(extra.items())}, "repeats_the_end": share * repeats}
+
+
+@torch.no_grad()
+def end_probabilities(model, tokenizer, commands: list[str], actions: list[str], batch_size: int = 256) -> torch.Tensor:
+    """P(EOS) right after the whole target, teacher-forced: how close each stop decision is (one per command)."""
+    model.eval()
+    probabilities = []
+    for start in range(0, len(commands), batch_size):
+        batch = tokenizer(commands[start : start + batch_size], padding=True, return_tensors="pt").to(model.device)
+        labels = tokenizer(actions[start : start + batch_size], padding=True, return_tensors="pt")["input_ids"]
+        logits = model(**batch, labels=labels.to(model.device)).logits  # (batch, steps, vocab)
+        ends = torch.tensor([len(a.split()) for a in actions[start : start + batch_size]], device=logits.device)
+        end_logits = logits[torch.arange(len(ends), device=logits.device), ends]  # (batch, vocab): after the target
+        probabilities.append(end_logits.softmax(-1)[:, tokenizer.eos_token_id].cpu())
+    return torch.cat(probabilities) if probabilities else torch.zeros(0)
+
+
+def stop_margins(model, tokenizer, test: ScanSplit, predictions: list[str]) -> dict:
+    """Teacher-forced P(EOS) after the whole target, median and 10th / 90th percentiles, over the outputs
+    that ran late after it and over the right ones: a late stop that was a near miss or never close."""
+    result = {}
+    for name, keep in (("late_prefix", lambda p, t: len(p) > len(t) and p[: len(t)] == t), ("correct", list.__eq__)):
+        chosen = [i for i, (p, t) in enumerate(zip(predictions, test.actions)) if keep(p.split(), t.split())]
+        if not chosen:
+            continue
+        values = end_probabilities(model, tokenizer, [test.commands[i] for i in chosen],
+                                   [test.actions[i] for i in chosen]).double()  # fmt: skip
+        quantiles = torch.quantile(values, torch.tensor([0.1, 0.5, 0.9], dtype=torch.float64)).tolist()
+        result[name] = {"count": len(chosen), "p10": quantiles[0], "median": quantiles[1], "p90": quantiles[2]}
+    return result
+
+
 def oracle_exact_match(model, tokenizer, test: ScanSplit) -> float:
     """Exact match (%) with every command decoded to its target's length, one generate() per length."""
     by_length: dict[int, list[int]] = {}
@@ -97,6 +142,8 @@ def analyse(run_dir: Path, data_dir: Path) -> dict:
         "cutoff": summary["cutoff"],
         "num_test": len(test.commands),
         "free": free_outcomes(free, test.actions),
+        "late_overrun": overruns(free, test.actions),
+        "eos_probability_at_the_end": stop_margins(model, tokenizer, test, free),
         "oracle_length_exact_match": oracle_exact_match(model, tokenizer, test),
     }
 
@@ -110,7 +157,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     rows = [analyse(run_dir, args.data_dir) for run_dir in args.runs]
     for row in rows:
         free = ", ".join(f"{key} {value:.1f}" for key, value in row["free"].items())
-        print(f"{row['run']}: free decoding {free}; oracle length {row['oracle_length_exact_match']:.1f}")
+        late = row["late_overrun"]
+        print(f"{row['run']}: free decoding {free}; oracle length {row['oracle_length_exact_match']:.1f}; "
+              f"late by {late['extra_actions']}, repeating the end {late['repeats_the_end']:.1f}")
     if args.output is not None:
         args.output.write_text(json.dumps(rows, indent=2))
     return rows
