@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import run_table
 import torch
+from decoder_positions import apply as apply_decoder_positions
 from decoder_positions import randomise_decoder_positions, remove_decoder_positions
 
 from panm_hf.pipelines.scan_data import ScanSplit, cutoff_split, read_tasks, score, word_tokenizer
@@ -132,6 +133,8 @@ def test_remove_decoder_positions_refuses_a_relative_position_backbone():
 
     with pytest.raises(ValueError, match="--decoder_positions none"):
         remove_decoder_positions(AutoModelForSeq2SeqLM.from_config(BACKBONES["t5"]()))
+    with pytest.raises(ValueError, match="--decoder_positions alibi needs a decoder with absolute positions"):
+        apply_decoder_positions(AutoModelForSeq2SeqLM.from_config(BACKBONES["t5"]()), "alibi")
 
 
 def test_alibi_attention_is_a_causal_softmax_biased_by_distance():

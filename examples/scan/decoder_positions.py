@@ -17,11 +17,12 @@ DECODER_POSITIONS = ("absolute", "none", "offset", "alibi")
 ALIBI_ATTENTION = "scan_decoder_alibi"  # the attention implementation's registered name
 
 
-def remove_decoder_positions(model: torch.nn.Module) -> None:
-    """Zero and freeze the decoder's absolute position embeddings (BART's learned, Marian's sinusoidal)."""
+def remove_decoder_positions(model: torch.nn.Module, flag: str = "none") -> None:
+    """Zero and freeze the decoder's absolute position embeddings (BART's learned, Marian's sinusoidal);
+    `flag` is the `--decoder_positions` value the error names."""
     positions = getattr(model.get_decoder(), "embed_positions", None)
     if positions is None:
-        raise ValueError("--decoder_positions none needs a decoder with absolute positions (bart or marian).")
+        raise ValueError(f"--decoder_positions {flag} needs a decoder with absolute positions (bart or marian).")
     with torch.no_grad():
         positions.weight.zero_()
     positions.weight.requires_grad_(False)
@@ -85,7 +86,7 @@ def use_alibi(model: torch.nn.Module) -> None:
     masks built as SDPA's), which biases causal self-attention by `-slope_h * distance`: a head's scores
     depend only on how far back a token is, so no step past the training length looks new.
     """
-    remove_decoder_positions(model)
+    remove_decoder_positions(model, "alibi")
     AttentionInterface.register(ALIBI_ATTENTION, alibi_attention)
     AttentionMaskInterface.register(ALIBI_ATTENTION, sdpa_mask)
     configs = {id(m.config): m.config for m in model.modules() if hasattr(getattr(m, "config", None), "sub_configs")}

@@ -60,6 +60,11 @@ def decode(model, tokenizer, commands: list[str], length: int | None, batch_size
     return greedy_actions(model, split, tokenizer, batch_size, length, **limits)
 
 
+def ran_late(prediction: list[str], target: list[str]) -> bool:
+    """The prediction wrote the whole target and went on."""
+    return len(prediction) > len(target) and prediction[: len(target)] == target
+
+
 def free_outcomes(predictions: list[str], targets: list[str]) -> dict:
     """% of outputs right, stopped early on a right prefix, ran late after the whole target, or wrong content."""
     outcome = Counter()
@@ -69,7 +74,7 @@ def free_outcomes(predictions: list[str], targets: list[str]) -> dict:
             outcome["correct"] += 1
         elif len(p) < len(t) and t[: len(p)] == p:
             outcome["early_prefix"] += 1
-        elif len(p) > len(t) and p[: len(t)] == t:
+        elif ran_late(p, t):
             outcome["late_prefix"] += 1
         else:
             outcome["content"] += 1
@@ -83,7 +88,7 @@ def overruns(predictions: list[str], targets: list[str]) -> dict:
     extra, repeats = Counter(), 0
     for prediction, target in zip(predictions, targets):
         p, t = prediction.split(), target.split()
-        if len(p) > len(t) and p[: len(t)] == t:
+        if ran_late(p, t):
             tail = p[len(t) :]
             extra[len(tail)] += 1
             repeats += len(tail) <= len(t) and tail == t[len(t) - len(tail) :]
@@ -110,7 +115,7 @@ def stop_margins(model, tokenizer, test: ScanSplit, predictions: list[str]) -> d
     """Teacher-forced P(EOS) after the whole target, median and 10th / 90th percentiles, over the outputs
     that ran late after it and over the right ones: a late stop that was a near miss or never close."""
     result = {}
-    for name, keep in (("late_prefix", lambda p, t: len(p) > len(t) and p[: len(t)] == t), ("correct", list.__eq__)):
+    for name, keep in (("late_prefix", ran_late), ("correct", list.__eq__)):
         chosen = [i for i, (p, t) in enumerate(zip(predictions, test.actions)) if keep(p.split(), t.split())]
         if not chosen:
             continue
