@@ -22,6 +22,9 @@ Section "cost" (no timing): FLOPs of one training step (forward + backward, matm
 RNNs counted as their matmuls) and the number of aten ops it dispatches, per variant (PANM with its
 default fused recurrences, and again with `recurrence_kernel="eager"`); the FLOP ratio
 backbone/PANM is the throughput ratio a purely compute-bound device would reach.
+Section "kernels" (CUDA only, not in the default `--sections`): the CUDA kernels one training step
+launches, per variant, from torch.profiler's device events, with their summed device time and the kernels that
+take most of it, and one cached generation step for seq2seq (`--length` sets L = T).
 `--smoke` runs every section on tiny models in seconds (the CI test of this script).
 """
 
@@ -374,11 +377,12 @@ def step_cost(loss_fn, model: torch.nn.Module | None = None) -> dict:
     return {"gflops": flops.get_total_flops() / 1e9, "aten_ops": counted_step(loss_fn, model)}
 
 
-def counted_step(loss_fn, model: torch.nn.Module | None) -> int:
-    """Aten ops of one forward + backward of `loss_fn()`, `model`'s gradients cleared first as `train_step` does."""
+def counted_step(loss_fn, model: torch.nn.Module | None, counter=None) -> int:
+    """Aten ops of one forward + backward of `loss_fn()`, `model`'s gradients cleared first as `train_step` does
+    (with `counter=KernelCounter`, the CUDA kernels it launches)."""
     if model is not None:
         model.zero_grad(set_to_none=True)
-    counter = OpCounter()
+    counter = (counter or OpCounter)()
     with counter:
         loss_fn().backward()
     return counter.count
@@ -392,9 +396,72 @@ def set_recurrence_kernel(model, kernel: str) -> None:
             module.recurrence_kernel = kernel
 
 
-def cached_step_ops(model, device: str, size: str, prefix: int = 4) -> int:
+class KernelCounter:
+    """Counts the CUDA kernels (and device memcpy / memset) launched inside the block, from torch.profiler's
+    device-side events: what a GPU step costs in launches, where `OpCounter` is the dispatch-level proxy."""
+
+    def __init__(self):
+        self.count = 0
+        self.device_us: dict[str, float] = {}  # kernel name -> summed device time (microseconds)
+
+    def __enter__(self):
+        from torch.profiler import ProfilerActivity, profile
+
+        torch.cuda.synchronize()
+        self.profiler = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+        self.profiler.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        torch.cuda.synchronize()
+        self.profiler.__exit__(*exc)
+        cuda = torch.autograd.DeviceType.CUDA
+        events = [event for event in self.profiler.events() if event.device_type == cuda]
+        self.count = len(events)
+        for event in events:
+            self.device_us[event.name] = self.device_us.get(event.name, 0.0) + event.time_range.elapsed_us()
+        return False
+
+    def top(self, n: int = 8) -> list[list]:
+        """The `n` kernels with the most device time: [name (cut to 80 characters), microseconds]."""
+        ranked = sorted(self.device_us.items(), key=lambda item: -item[1])[:n]
+        return [[name[:80], round(us, 1)] for name, us in ranked]
+
+
+def bench_kernels(case: str, args) -> dict:
+    """CUDA kernels per training step (forward + backward, after a warm-up step that compiles the Triton
+    kernels) per variant, PANM with its default kernels (`--recurrence-kernel` to choose); the seq2seq case
+    adds one cached generation step. CUDA only."""
+    if args.device != "cuda":
+        raise ValueError("--sections kernels counts CUDA kernels: run it with --device cuda (use `cost` on CPU).")
+    result = {}
+    for variant in VARIANTS[case]:
+        model, loss_fn, _ = build_case(case, variant, args.device, src_len=args.length, tgt_len=args.length,
+                                       size=args.size)
+        model.train()
+        if variant != "backbone":
+            set_recurrence_kernel(model, RECURRENCE_KERNEL or "auto")
+        counted_step(lambda m=model, f=loss_fn: f(m), model)  # warm-up: Triton compiles, cuDNN plans
+        counter = KernelCounter()
+        counted_step(lambda m=model, f=loss_fn: f(m), model, lambda c=counter: c)
+        row = {"kernels": counter.count, "device_ms": sum(counter.device_us.values()) / 1e3,
+               "top_kernels_us": counter.top()}
+        if case == "seq2seq":
+            cached_step_ops(model, args.device, args.size)
+            row["gen_step_kernels"] = cached_step_ops(model, args.device, args.size, counter=KernelCounter)
+        result[variant] = row
+    base = result["backbone"]
+    for row in result.values():
+        row["kernel_ratio"] = row["kernels"] / base["kernels"]
+        if "gen_step_kernels" in row:
+            row["gen_kernel_ratio"] = row["gen_step_kernels"] / base["gen_step_kernels"]
+    return result
+
+
+def cached_step_ops(model, device: str, size: str, prefix: int = 4, counter=None) -> int:
     """Aten ops of one cached decoding step of the seq2seq case: one new target token with the cache,
-    after the encoder and a `prefix`-token decoder pass filled the cache (eval mode, no gradients)."""
+    after the encoder and a `prefix`-token decoder pass filled the cache (eval mode, no gradients); with
+    `counter=KernelCounter`, the CUDA kernels it launches."""
     sizes = SIZES[size]
     generator = torch.Generator().manual_seed(0)
     vocab, batch_size, length = sizes["seq2seq"]["vocab_size"], sizes["seq2seq_batch"], sizes["seq2seq_length"]
@@ -402,7 +469,7 @@ def cached_step_ops(model, device: str, size: str, prefix: int = 4) -> int:
     target = torch.randint(4, vocab, (batch_size, prefix + 1), generator=generator).to(device)
     attention_mask = torch.ones_like(input_ids)
     model.eval()
-    counter = OpCounter()
+    counter = (counter or OpCounter)()
     with torch.no_grad():
         encoder_outputs = model.get_encoder()(input_ids=input_ids, attention_mask=attention_mask)
         inputs = dict(encoder_outputs=encoder_outputs, attention_mask=attention_mask, use_cache=True)
@@ -472,6 +539,8 @@ def main() -> None:
                         default=None,
                         help="PanmMemoryConfig.recurrence_kernel for every PANM model (default: the config's, auto); "
                              "fused on CUDA runs the Triton kernel (the cost section always reports eager beside)")
+    parser.add_argument("--length", type=int, default=None,
+                        help="section kernels: L = T for the lstm and seq2seq cases (default: the cases' own)")
     parser.add_argument("--memory-probe", nargs=3, metavar=("CASE", "VARIANT", "SIZE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     global RECURRENCE_KERNEL
@@ -508,6 +577,12 @@ def main() -> None:
             f"(eager recurrences: {row.get('aten_ops_eager', row['aten_ops']):6d}, {row['op_ratio_eager']:.2f})"
             + (f"  cached step {row['gen_step_ops']:5d} ops, ratio {row['gen_op_ratio']:.2f}"
                if "gen_step_ops" in row else "")))
+    if "kernels" in sections:
+        report["kernels"] = per_case(bench_kernels, args, "kernels", lambda row: (
+            f"{row['kernels']:6d} CUDA kernels per step  ratio {row['kernel_ratio']:.2f}  "
+            f"device {row['device_ms']:6.2f} ms  top {row['top_kernels_us'][:3]}"
+            + (f"  cached step {row['gen_step_kernels']:5d}, ratio {row['gen_kernel_ratio']:.2f}"
+               if "gen_step_kernels" in row else "")))
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     Path(args.output).write_text(json.dumps(report, indent=2))
     print(f"wrote {args.output}")

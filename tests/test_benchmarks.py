@@ -149,3 +149,10 @@ def test_op_counter_counts_a_triton_launch_as_one_op_and_its_glue():
                             cwd=ROOT / "tests")  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip().endswith("OK")
+
+
+def test_kernels_section_names_the_device_it_needs():
+    overhead = load_overhead()
+    args = type("Args", (), {"device": "cpu", "size": "smoke"})()
+    with pytest.raises(ValueError, match="--device cuda"):
+        overhead.bench_kernels("lstm", args)
