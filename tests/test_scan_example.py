@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 import run_table
 import torch
-from decoder_positions import apply as apply_decoder_positions
-from decoder_positions import randomise_decoder_positions, remove_decoder_positions
 
+from panm_hf.pipelines import decoder_positions
+from panm_hf.pipelines.decoder_positions import apply as apply_decoder_positions
+from panm_hf.pipelines.decoder_positions import randomise_decoder_positions, remove_decoder_positions
 from panm_hf.pipelines.scan_data import ScanSplit, cutoff_split, read_tasks, score, word_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -138,7 +139,6 @@ def test_remove_decoder_positions_refuses_a_relative_position_backbone():
 
 
 def test_alibi_attention_is_a_causal_softmax_biased_by_distance():
-    import decoder_positions
 
     torch.manual_seed(0)
     module = torch.nn.Module()
@@ -160,7 +160,6 @@ def test_alibi_attention_is_a_causal_softmax_biased_by_distance():
 
 
 def test_use_alibi_gives_the_decoder_distance_not_position_and_keeps_masks_and_cache():
-    import decoder_positions
     from conftest import BACKBONES
     from transformers import AutoModelForSeq2SeqLM
 

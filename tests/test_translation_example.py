@@ -280,3 +280,37 @@ def test_controls_train_panm_without_its_pointers_or_reads():
         build_model("panm", ModelArguments(control="no_pointer_reads"), controller_read, text_config)
     with pytest.raises(ValueError, match="needs a PANM model"):
         apply_control(build_model("transformer", ModelArguments(), panm_args, text_config), "no_pointer_reads")
+
+
+def test_decoder_positions_flag_reaches_both_models_and_the_config():
+    """`--decoder_positions` is a flag of every seq2seq example (the translation script here): `build_model`
+    applies it to the Transformer and to PANM, `offset` widens the position table, t5 is refused by name."""
+    import torch
+    from run_translation import ModelArguments, backbone_config, build_model, validate_model_args
+    from transformers import BartConfig
+
+    from panm_hf import PanmMemoryConfig
+
+    text_config = BartConfig(
+        vocab_size=40, d_model=16, encoder_layers=1, decoder_layers=2, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=32,
+    )  # fmt: skip
+    panm_args = PanmMemoryConfig(pointer_hidden_size=8, controller_hidden_size=8, mlp_hidden_size=8)
+    for name in ("transformer", "panm"):
+        args = ModelArguments(placement="replace", decoder_positions="none")
+        validate_model_args(args)
+        model = build_model(name, args, panm_args, text_config)
+        positions = model.get_decoder().embed_positions.weight
+        assert not positions.requires_grad and torch.count_nonzero(positions) == 0, name
+        encoder_positions = model.get_encoder().embed_positions.weight
+        assert encoder_positions.requires_grad and torch.count_nonzero(encoder_positions) > 0, name
+        plain = build_model(name, ModelArguments(placement="replace"), panm_args, text_config)
+        assert torch.count_nonzero(plain.get_decoder().embed_positions.weight) > 0, name
+    tokenizer = type("Tokenizer", (), {"pad_token_id": 1, "eos_token_id": 2, "bos_token_id": 0,
+                                       "__len__": lambda self: 40})()  # fmt: skip
+    offset = ModelArguments(backbone="bart", decoder_positions="offset", max_position_offset=16)
+    assert backbone_config(offset, tokenizer, 32).max_position_embeddings == 48
+    with pytest.raises(ValueError, match="--decoder_positions none needs a decoder with absolute positions"):
+        validate_model_args(ModelArguments(backbone="t5", decoder_positions="none"))
+    with pytest.raises(ValueError, match="--decoder_positions must be one of"):
+        validate_model_args(ModelArguments(decoder_positions="rope"))

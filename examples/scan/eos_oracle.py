@@ -21,12 +21,12 @@ from collections import Counter
 from pathlib import Path
 
 import torch
-from decoder_positions import use_alibi
 from run_scan import greedy_actions
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 import panm_hf  # noqa: F401  (registers PANM with the Auto classes)
 from panm_hf.pipelines.controls import apply_control
+from panm_hf.pipelines.decoder_positions import use_alibi
 from panm_hf.pipelines.scan_data import ScanSplit, load_cutoff_split
 
 

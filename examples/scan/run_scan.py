@@ -12,7 +12,7 @@ Both models share the backbone config, the vocabulary, the data order, the seed 
 the PANM model is the same backbone with PANM plugged into its decoder (`--placement`, and every
 `PanmMemoryConfig` field). `--decoder_positions none` removes the decoder's absolute positions
 (zeroed and frozen), for either model; `offset` and `alibi` are the other position signals of
-`decoder_positions.py`. `--eval_every N` scores a fixed sample of the test and
+`panm_hf/pipelines/decoder_positions.py`. `--eval_every N` scores a fixed sample of the test and
 i.i.d. sets every N steps: the curve against steps.
 
     python examples/scan/run_scan.py --data_dir ../shared/data/scan --cutoff 26 \
@@ -28,8 +28,6 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 from datasets import Dataset
-from decoder_positions import DECODER_POSITIONS
-from decoder_positions import apply as apply_decoder_positions
 from transformers import (
     HfArgumentParser,
     Seq2SeqTrainingArguments,
@@ -79,18 +77,6 @@ class ModelArguments(seq2seq.ModelArguments):
     ffn_dim: int = field(default=256, metadata={"help": "Transformer feed-forward size."})
     attention_heads: int = field(default=4, metadata={"help": "Attention heads per layer (Csordas et al.: 8)."})
     vocab_size: int = field(default=0, metadata={"help": "Unused: the vocabulary is SCAN's words."})
-    decoder_positions: str = field(
-        default="absolute",
-        metadata={
-            "help": "absolute: the backbone's own; none: the decoder's absolute positions zeroed and frozen; "
-            "offset: in training each sample's decoder positions start at a random offset in "
-            "[0, --max_position_offset] (PANM's random base address, given to the decoder), at 0 in evaluation; "
-            "alibi: none, and ALiBi's linear distance bias in the decoder's self-attention (Press et al. 2022)."
-        },
-    )
-    max_position_offset: int = field(
-        default=64, metadata={"help": "Largest random decoder position offset of --decoder_positions offset."}
-    )
 
 
 @dataclass
@@ -186,8 +172,7 @@ def score_sets(trainer, sets: dict, prefix: str, tokenizer, batch_size: int, max
 def run_one(name, model_args, panm_args, data_args, training_args, tokenizer, config, datasets, sets) -> dict:
     """Train one model for the step budget, then score the evaluation (and test) sets."""
     set_seed(training_args.seed)  # both models start from the same random stream and see the same batches
-    model = build_model(name, model_args, panm_args, config)
-    apply_decoder_positions(model, model_args.decoder_positions, model_args.max_position_offset)
+    model = build_model(name, model_args, panm_args, config)  # with its --decoder_positions
     batch_size = training_args.per_device_eval_batch_size
     curve_sets = {key: split.subset(data_args.curve_samples, training_args.seed) for key, split in sets["eval"].items()}
     callback = CurveCallback(curve_sets, tokenizer, data_args.eval_every, batch_size, data_args.max_new_tokens)
@@ -227,10 +212,6 @@ def load_sets(data_args: DataArguments, seed: int) -> dict:
 def validate(model_args: ModelArguments, data_args: DataArguments, training_args) -> None:
     validate_model_args(model_args)
     check_run(data_args, training_args, model_args.model)
-    if model_args.decoder_positions not in DECODER_POSITIONS:
-        raise ValueError(
-            f"--decoder_positions must be one of {DECODER_POSITIONS} (got {model_args.decoder_positions!r})."
-        )
     if not 0.0 < data_args.heldout_fraction < 1.0:
         raise ValueError(f"--heldout_fraction must be in (0, 1) (got {data_args.heldout_fraction}).")
     if training_args.do_train and training_args.max_steps <= 0:
@@ -262,9 +243,7 @@ def main(argv: list[str] | None = None) -> dict:
     else:  # every SCAN word occurs at every cut-off
         tokenizer = word_tokenizer(sets["train"].commands + sets["train"].actions)
     datasets = {"train": tokenize(sets["train"], tokenizer) if training_args.do_train else None}
-    max_positions = 64  # SCAN's longest output is 48 actions + EOS
-    if model_args.decoder_positions == "offset":
-        max_positions += model_args.max_position_offset
+    max_positions = 64  # SCAN's longest output is 48 actions + EOS (+ --max_position_offset for offset)
     config = backbone_config(model_args, tokenizer, max_positions) if None in sources.values() else None
     results = {
         name: run_one(name, model_args, panm_args, data_args, training_args, tokenizer, sources[name] or config,

@@ -30,6 +30,8 @@ from transformers import (
 from panm_hf import PanmConfig, PanmForSeq2SeqLM, PanmMemoryConfig
 from panm_hf.configuration_panm import LAYER_REPLACING_PLACEMENTS
 from panm_hf.pipelines.controls import apply_control, validate_control
+from panm_hf.pipelines.decoder_positions import DECODER_POSITIONS
+from panm_hf.pipelines.decoder_positions import apply as apply_decoder_positions
 from panm_hf.pipelines.script_conventions import gather_from_ranks, load_pretrained
 
 MODELS = ("transformer", "panm")
@@ -80,6 +82,19 @@ class ModelArguments:
             "drop-path kept); no_reads zeroes the content read too."
         },
     )
+    decoder_positions: str = field(
+        default="absolute",
+        metadata={
+            "help": "The decoder's position signal, for both models (decoder_positions.py): absolute (the "
+            "backbone's own); none (the decoder's absolute positions zeroed and frozen); offset (in training each "
+            "sample's decoder positions start at a random offset in [0, --max_position_offset], at 0 in "
+            "evaluation); alibi (none, and ALiBi's distance bias in the decoder's self-attention). All but "
+            "absolute need a backbone with absolute positions (bart or marian)."
+        },
+    )
+    max_position_offset: int = field(
+        default=64, metadata={"help": "Largest random decoder position offset of --decoder_positions offset."}
+    )
 
 
 
@@ -118,13 +133,27 @@ def validate_model_args(model_args: ModelArguments) -> None:
             "--weight_decay for PANM's weights too."
         )
     validate_control(model_args.control)
+    if model_args.decoder_positions not in DECODER_POSITIONS:
+        raise ValueError(
+            f"--decoder_positions must be one of {DECODER_POSITIONS} (got {model_args.decoder_positions!r})."
+        )
+    if model_args.decoder_positions != "absolute" and model_args.backbone == "t5":
+        raise ValueError(
+            f"--decoder_positions {model_args.decoder_positions} needs a decoder with absolute positions: use "
+            "--backbone bart or marian (t5's positions are relative)."
+        )
+    if not model_args.max_position_offset >= 0:
+        raise ValueError(f"--max_position_offset must be >= 0 (got {model_args.max_position_offset}).")
     if model_args.control is not None and model_args.model == "transformer":
         raise ValueError("--control applies to the PANM model; use --model panm or both.")
 
 
 
 def backbone_config(model_args: ModelArguments, tokenizer, max_positions: int):
-    """A Marian-, BART- or T5-style encoder-decoder config built from the flags."""
+    """A Marian-, BART- or T5-style encoder-decoder config built from the flags; `--decoder_positions offset`
+    adds `--max_position_offset` positions to `max_positions`."""
+    if model_args.decoder_positions == "offset":
+        max_positions += model_args.max_position_offset
     if model_args.backbone == "t5":
         # T5: relative position buckets in every attention layer (the paper's "TRM + RPE" family), pre-LN.
         return T5Config(
@@ -157,6 +186,7 @@ def build_model(name: str, model_args: ModelArguments, panm_args: PanmMemoryConf
         model = load_pretrained(name, config, {"placement": model_args.placement, **asdict(panm_args)})
         if name == "panm":
             apply_control(model, model_args.control)
+        apply_decoder_positions(model, model_args.decoder_positions, model_args.max_position_offset)
         return model
     # Each model gets its own copy: Trainer sets `model.config.use_cache = False` for training, and
     # on a shared config that flag would reach the next model's generation config.
@@ -166,10 +196,11 @@ def build_model(name: str, model_args: ModelArguments, panm_args: PanmMemoryConf
         # Marian/BART take **kwargs, so Trainer would hand them num_items_in_batch and rescale their
         # (already token-averaged) loss; PanmForSeq2SeqLM opts out, and so does the baseline.
         model.accepts_loss_kwargs = False
-        return model
-    panm_config = PanmConfig(text_config=config.to_dict(), placement=model_args.placement, **asdict(panm_args))
-    model = PanmForSeq2SeqLM(panm_config)
-    apply_control(model, model_args.control)  # the hook stays with the model for training and testing
+    else:
+        panm_config = PanmConfig(text_config=config.to_dict(), placement=model_args.placement, **asdict(panm_args))
+        model = PanmForSeq2SeqLM(panm_config)
+        apply_control(model, model_args.control)  # the hook stays with the model for training and testing
+    apply_decoder_positions(model, model_args.decoder_positions, model_args.max_position_offset)
     return model
 
 

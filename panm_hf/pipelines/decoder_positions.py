@@ -1,5 +1,8 @@
-"""The decoder's position signal on SCAN (`--decoder_positions`): the backbone's own absolute positions,
-none, a random offset in training, or ALiBi's linear distance bias in place of them.
+"""The decoder's position signal of the seq2seq examples (`--decoder_positions`): the backbone's own absolute
+positions, none, a random offset in training, or ALiBi's linear distance bias in place of them.
+
+Measured on SCAN's length split (docs/results/scan_diagnosis.md), where the decoder's absolute positions are
+what a model past the training lengths has never seen; `build_model` applies it to every model it builds.
 
 Each is applied to a built model before training (`apply`); none of them adds a parameter, so a saved model
 is the plain backbone. ALiBi lives in the attention function, which a config does not save: a model
@@ -14,7 +17,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 DECODER_POSITIONS = ("absolute", "none", "offset", "alibi")
-ALIBI_ATTENTION = "scan_decoder_alibi"  # the attention implementation's registered name
+ALIBI_ATTENTION = "panm_decoder_alibi"  # the attention implementation's registered name
 
 
 def remove_decoder_positions(model: torch.nn.Module, flag: str = "none") -> None:
