@@ -195,6 +195,60 @@ def test_use_alibi_gives_the_decoder_distance_not_position_and_keeps_masks_and_c
         decoder_positions.apply(panm, "rotary")
 
 
+def test_window_attention_masks_keys_too_far_back_with_or_without_alibi():
+    torch.manual_seed(0)
+    module = torch.nn.Module()
+    module.is_causal, module.alibi, module.window = True, False, 2
+    query, key, value = (torch.randn(2, 4, 5, 8, dtype=torch.float64) for _ in range(3))  # (batch, heads, steps, d)
+    output, _ = decoder_positions.alibi_attention(module, query, key, value, None, scaling=0.5)  # (2, 5, 4, 8)
+    distance = torch.arange(5)[:, None] - torch.arange(5)  # (steps, steps)
+    scores = (query @ key.transpose(-1, -2) * 0.5).masked_fill((distance < 0) | (distance >= 2), float("-inf"))
+    expected = (scores.softmax(-1) @ value).transpose(1, 2)  # (2, 5, 4, 8)
+    torch.testing.assert_close(output, expected)
+    cached, _ = decoder_positions.alibi_attention(module, query[:, :, 4:], key, value, None, scaling=0.5)
+    torch.testing.assert_close(cached, expected[:, 4:])  # a cached step is the newest position
+    module.alibi = True  # both: ALiBi's distance term inside the window
+    slopes = torch.tensor([2.0**-2, 2.0**-4, 2.0**-6, 2.0**-8], dtype=torch.float64)
+    both, _ = decoder_positions.alibi_attention(module, query, key, value, None, scaling=0.5)
+    scores = query @ key.transpose(-1, -2) * 0.5 - slopes[:, None, None] * distance  # (2, 4, 5, 5)
+    scores = scores.masked_fill((distance < 0) | (distance >= 2), float("-inf"))
+    torch.testing.assert_close(both, (scores.softmax(-1) @ value).transpose(1, 2))
+
+
+def test_decoder_window_limits_what_each_decoder_step_sees_and_keeps_the_cache_exact():
+    from conftest import BACKBONES
+    from transformers import AutoModelForSeq2SeqLM
+
+    from panm_hf import PanmForSeq2SeqLM
+
+    torch.manual_seed(0)
+    plain = AutoModelForSeq2SeqLM.from_config(BACKBONES["bart"]()).eval()
+    decoder_positions.remove_decoder_positions(plain)
+    wide, narrow = (AutoModelForSeq2SeqLM.from_config(BACKBONES["bart"]()).eval() for _ in range(2))
+    for model, window in ((wide, 50), (narrow, 1)):
+        model.load_state_dict(plain.state_dict())
+        decoder_positions.apply(model, "none", window=window)
+    source = torch.tensor([[5, 6, 7, 2]])
+    decoder_inputs, changed = torch.tensor([[2, 7, 8, 9]]), torch.tensor([[2, 11, 12, 9]])
+    torch.testing.assert_close(wide(input_ids=source, decoder_input_ids=decoder_inputs).logits,
+                               plain(input_ids=source, decoder_input_ids=decoder_inputs).logits)  # fmt: skip
+    # a window of one: the last step sees only its own token (no positions), not the ones before it
+    last = [narrow(input_ids=source, decoder_input_ids=ids).logits[0, -1] for ids in (decoder_inputs, changed)]
+    torch.testing.assert_close(last[0], last[1])
+    seen = [plain(input_ids=source, decoder_input_ids=ids).logits[0, -1] for ids in (decoder_inputs, changed)]
+    assert not torch.allclose(seen[0], seen[1])
+
+    panm = PanmForSeq2SeqLM.from_backbone(plain, placement="replace").eval()
+    decoder_positions.apply(panm, "none", window=3)
+    source, mask = torch.tensor([[5, 6, 7, 2], [5, 6, 2, 1]]), torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]])
+    generated = panm.generate(input_ids=source, attention_mask=mask, max_new_tokens=8, do_sample=False,
+                              num_beams=1, forced_eos_token_id=None)  # fmt: skip
+    forced = panm(input_ids=source, attention_mask=mask, decoder_input_ids=generated[:, :-1]).logits
+    assert torch.equal(forced.argmax(-1), generated[:, 1:])  # cached steps see the same window
+    with pytest.raises(ValueError, match="--decoder_window must be >= 1"):
+        decoder_positions.use_window(panm, 0)
+
+
 def test_table_driver_names_runs_and_summarises_seeds(tmp_path):
     args = run_table.parse_arguments(["--output_dir", str(tmp_path), "--designs", "panm_nope", "--seeds", "0",
                                       "--max_steps", "7"])  # fmt: skip

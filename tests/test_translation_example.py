@@ -314,3 +314,10 @@ def test_decoder_positions_flag_reaches_both_models_and_the_config():
         validate_model_args(ModelArguments(backbone="t5", decoder_positions="none"))
     with pytest.raises(ValueError, match="--decoder_positions must be one of"):
         validate_model_args(ModelArguments(decoder_positions="rope"))
+    with pytest.raises(ValueError, match="--decoder_window must be >= 0"):
+        validate_model_args(ModelArguments(decoder_window=-1))
+    with pytest.raises(ValueError, match="--decoder_window needs --backbone bart or marian"):
+        validate_model_args(ModelArguments(backbone="t5", decoder_window=8))
+    windowed = build_model("transformer", ModelArguments(decoder_window=4), panm_args, text_config)
+    causal = [m for m in windowed.modules() if getattr(m, "is_causal", False) is True]
+    assert causal and all(m.window == 4 and m.alibi is False for m in causal)

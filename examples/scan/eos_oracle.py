@@ -26,7 +26,7 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 import panm_hf  # noqa: F401  (registers PANM with the Auto classes)
 from panm_hf.pipelines.controls import apply_control
-from panm_hf.pipelines.decoder_positions import use_alibi
+from panm_hf.pipelines.decoder_positions import apply as apply_decoder_positions
 from panm_hf.pipelines.scan_data import ScanSplit, load_cutoff_split
 
 
@@ -42,8 +42,9 @@ def load_run(run_dir: Path):
         raise ValueError(f"{model_dir} holds no saved model; run_scan.py saves it at the end of training.")
     model = AutoModelForSeq2SeqLM.from_pretrained(model_dir).eval()
     apply_control(model, summary["model_args"].get("control"))  # a control's hook is not in the weights
-    if summary["model_args"].get("decoder_positions") == "alibi":  # nor is the attention function
-        use_alibi(model)
+    positions, window = summary["model_args"].get("decoder_positions"), summary["model_args"].get("decoder_window", 0)
+    if positions == "alibi" or window:  # nor is the attention function
+        apply_decoder_positions(model, "alibi" if positions == "alibi" else "absolute", window=window)
     return summary, model, AutoTokenizer.from_pretrained(model_dir)
 
 

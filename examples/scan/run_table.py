@@ -45,6 +45,10 @@ DESIGNS = {
     # ALiBi's distance bias in place of the decoder's absolute positions (panm_hf/pipelines/decoder_positions.py)
     "transformer_alibi": ["--model", "transformer", "--decoder_positions", "alibi"],
     "panm_alibi_cr": ["--model", "panm", "--decoder_positions", "alibi", "--content_read", "decoder"],
+    # the decoder's self-attention limited to its last 24 tokens (no query sees more tokens than in training)
+    "transformer_nope_window": ["--model", "transformer", "--decoder_positions", "none", "--decoder_window", "24"],
+    "panm_nope_cr_window": ["--model", "panm", "--decoder_positions", "none", "--content_read", "decoder",
+                            "--decoder_window", "24"],
     # the translation and math examples' design (docs/results/transformer_integration.md), 128-wide GRUs
     "panm_example": [
         "--model", "panm", "--decoder_positions", "absolute", "--placement", "stack", "--panm_drop_path", "0.5",

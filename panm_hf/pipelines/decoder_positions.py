@@ -4,9 +4,11 @@ positions, none, a random offset in training, or ALiBi's linear distance bias in
 Measured on SCAN's length split (docs/results/scan_diagnosis.md), where the decoder's absolute positions are
 what a model past the training lengths has never seen; `build_model` applies it to every model it builds.
 
+`--decoder_window W` adds a sliding window to the decoder's self-attention (each query attends to its last W
+tokens), so no decoder query past the training length attends to more tokens than in training.
 Each is applied to a built model before training (`apply`); none of them adds a parameter, so a saved model
-is the plain backbone. ALiBi lives in the attention function, which a config does not save: a model
-trained with it must have `apply(model, "alibi")` called again after loading.
+is the plain backbone. ALiBi and the window live in the attention function, which a config does not save: a
+model trained with them must have `apply(model, ...)` called again after loading.
 """
 
 from __future__ import annotations
@@ -74,22 +76,28 @@ def alibi_bias(num_heads: int, queries: int, keys: int, device, dtype) -> torch.
 
 
 def alibi_attention(module, query, key, value, attention_mask, **kwargs):
-    """SDPA with ALiBi's bias on causal self-attention (the decoder's); every other attention is plain SDPA."""
+    """SDPA with the decoder's self-attention bias on causal self-attention; every other attention is plain SDPA.
+
+    The bias is ALiBi's `-slope_h * distance` (unless `module.alibi` is False: `use_window` alone) and, where
+    `module.window` is set, -inf on keys `window` or more steps back (a sliding window)."""
     if not getattr(module, "is_causal", False):
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
-    bias = alibi_bias(query.shape[1], query.shape[2], key.shape[2], query.device, query.dtype)
+    heads, queries, keys = query.shape[1], query.shape[2], key.shape[2]
+    if getattr(module, "alibi", True):
+        bias = alibi_bias(heads, queries, keys, query.device, query.dtype)  # (1, heads, queries, keys)
+    else:
+        bias = query.new_zeros(1, 1, queries, keys)  # (1, 1, queries, keys)
+    window = getattr(module, "window", 0)
+    if window:
+        query_positions = torch.arange(keys - queries, keys, device=query.device)  # (queries,)
+        distance = query_positions[:, None] - torch.arange(keys, device=query.device)  # (queries, keys)
+        bias = bias.masked_fill(distance >= window, float("-inf"))  # every query keeps itself (distance 0)
     return sdpa_attention_forward(module, query, key, value, attention_mask, position_bias=bias, **kwargs)
 
 
-def use_alibi(model: torch.nn.Module) -> None:
-    """Replace the decoder's absolute positions with ALiBi (Press et al. 2022) in its self-attention.
-
-    The absolute positions are zeroed and frozen (`remove_decoder_positions`), and every attention module
-    of the model dispatches to `alibi_attention` (registered with transformers' `AttentionInterface`, its
-    masks built as SDPA's), which biases causal self-attention by `-slope_h * distance`: a head's scores
-    depend only on how far back a token is, so no step past the training length looks new.
-    """
-    remove_decoder_positions(model, "alibi")
+def _register(model: torch.nn.Module) -> None:
+    """Every attention module of `model` dispatches to `alibi_attention` (transformers' `AttentionInterface`,
+    its masks built as SDPA's)."""
     AttentionInterface.register(ALIBI_ATTENTION, alibi_attention)
     AttentionMaskInterface.register(ALIBI_ATTENTION, sdpa_mask)
     configs = {id(m.config): m.config for m in model.modules() if hasattr(getattr(m, "config", None), "sub_configs")}
@@ -97,8 +105,48 @@ def use_alibi(model: torch.nn.Module) -> None:
         config._attn_implementation = ALIBI_ATTENTION
 
 
-def apply(model: torch.nn.Module, decoder_positions: str, max_offset: int = 64) -> None:
-    """Give `model`'s decoder the position signal named by `--decoder_positions`."""
+def _causal_attentions(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The decoder's self-attention modules (transformers marks them `is_causal`)."""
+    return [module for module in model.modules() if getattr(module, "is_causal", False) is True]
+
+
+def use_alibi(model: torch.nn.Module) -> None:
+    """Replace the decoder's absolute positions with ALiBi (Press et al. 2022) in its self-attention.
+
+    The absolute positions are zeroed and frozen (`remove_decoder_positions`), and every attention module
+    of the model dispatches to `alibi_attention`, which biases causal self-attention by `-slope_h * distance`:
+    a head's scores depend only on how far back a token is, so no step past the training length looks new.
+    """
+    remove_decoder_positions(model, "alibi")
+    for module in _causal_attentions(model):
+        module.alibi = True
+    _register(model)
+
+
+def use_window(model: torch.nn.Module, window: int) -> None:
+    """Limit the decoder's self-attention to the last `window` tokens (the query's own included).
+
+    With `window` at most the training outputs' length, every decoder query attends to no more tokens than
+    it did in training, however long the output grows: what the decoder sees past the training length is
+    in distribution, and where the output stands overall is left to PANM's pointers. Keeps the decoder's
+    position signal as it is (combine with `--decoder_positions none` or `alibi`).
+    """
+    if window < 1:
+        raise ValueError(f"--decoder_window must be >= 1 to limit the decoder's attention (got {window}).")
+    attentions = _causal_attentions(model)
+    if not attentions:
+        raise ValueError("--decoder_window needs a decoder whose self-attention transformers marks is_causal "
+                         "(bart or marian).")  # fmt: skip
+    for module in attentions:
+        module.window = window
+        if not hasattr(module, "alibi"):
+            module.alibi = False  # the window alone
+    _register(model)
+
+
+def apply(model: torch.nn.Module, decoder_positions: str, max_offset: int = 64, window: int = 0) -> None:
+    """Give `model`'s decoder the position signal named by `--decoder_positions`, and with `window` a sliding
+    window on its self-attention (`--decoder_window`)."""
     if decoder_positions not in DECODER_POSITIONS:
         raise ValueError(f"--decoder_positions must be one of {DECODER_POSITIONS} (got {decoder_positions!r}).")
     if decoder_positions == "none":
@@ -107,3 +155,5 @@ def apply(model: torch.nn.Module, decoder_positions: str, max_offset: int = 64) 
         randomise_decoder_positions(model, max_offset)
     elif decoder_positions == "alibi":
         use_alibi(model)
+    if window:
+        use_window(model, window)

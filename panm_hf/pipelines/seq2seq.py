@@ -95,6 +95,13 @@ class ModelArguments:
     max_position_offset: int = field(
         default=64, metadata={"help": "Largest random decoder position offset of --decoder_positions offset."}
     )
+    decoder_window: int = field(
+        default=0,
+        metadata={
+            "help": "A sliding window on the decoder's self-attention, for both models: each query attends to its "
+            "last N tokens (0: all). Needs bart or marian."
+        },
+    )
 
 
 
@@ -142,6 +149,10 @@ def validate_model_args(model_args: ModelArguments) -> None:
             f"--decoder_positions {model_args.decoder_positions} needs a decoder with absolute positions: use "
             "--backbone bart or marian (t5's positions are relative)."
         )
+    if model_args.decoder_window < 0:
+        raise ValueError(f"--decoder_window must be >= 0 (0: the whole prefix; got {model_args.decoder_window}).")
+    if model_args.decoder_window and model_args.backbone == "t5":
+        raise ValueError("--decoder_window needs --backbone bart or marian (t5's attention takes its own bias).")
     if not model_args.max_position_offset >= 0:
         raise ValueError(f"--max_position_offset must be >= 0 (got {model_args.max_position_offset}).")
     if model_args.control is not None and model_args.model == "transformer":
@@ -186,7 +197,8 @@ def build_model(name: str, model_args: ModelArguments, panm_args: PanmMemoryConf
         model = load_pretrained(name, config, {"placement": model_args.placement, **asdict(panm_args)})
         if name == "panm":
             apply_control(model, model_args.control)
-        apply_decoder_positions(model, model_args.decoder_positions, model_args.max_position_offset)
+        apply_decoder_positions(model, model_args.decoder_positions, model_args.max_position_offset,
+                            model_args.decoder_window)
         return model
     # Each model gets its own copy: Trainer sets `model.config.use_cache = False` for training, and
     # on a shared config that flag would reach the next model's generation config.
@@ -200,7 +212,8 @@ def build_model(name: str, model_args: ModelArguments, panm_args: PanmMemoryConf
         panm_config = PanmConfig(text_config=config.to_dict(), placement=model_args.placement, **asdict(panm_args))
         model = PanmForSeq2SeqLM(panm_config)
         apply_control(model, model_args.control)  # the hook stays with the model for training and testing
-    apply_decoder_positions(model, model_args.decoder_positions, model_args.max_position_offset)
+    apply_decoder_positions(model, model_args.decoder_positions, model_args.max_position_offset,
+                            model_args.decoder_window)
     return model
 
 
