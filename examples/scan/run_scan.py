@@ -61,7 +61,8 @@ from panm_hf.pipelines.seq2seq import (
     validate_model_args,
 )
 
-# The design the SCAN page recommends for PANM (docs/results/scan.md): the paper's integration.
+# The SCAN example's PANM defaults: the paper's integration (docs/results/scan.md recommends the design
+# `panm_nope_cr_window` of run_table.py, this plus --decoder_positions none --content_read decoder --decoder_window 24).
 SCAN_PANM_FLAGS = {"placement": "replace", "panm_drop_path": 0.0}
 
 
