@@ -66,11 +66,17 @@ def alibi_slopes(num_heads: int) -> torch.Tensor:
     return torch.exp2(-8.0 * torch.arange(1, num_heads + 1) / num_heads)  # (heads,)
 
 
-def alibi_bias(num_heads: int, queries: int, keys: int, device, dtype) -> torch.Tensor:
-    """`-slope_h * (i - j)` for query i and key j <= i; queries are the last `queries` of the `keys` positions
-    (a cached step is the newest). Future keys get 0 here: the causal mask removes them."""
+def query_key_distance(queries: int, keys: int, device) -> torch.Tensor:
+    """`i - j` for query i and key j, the queries being the last `queries` of the `keys` positions (a cached step
+    is the newest); negative for future keys."""
     query_positions = torch.arange(keys - queries, keys, device=device)  # (queries,)
-    distance = (query_positions[:, None] - torch.arange(keys, device=device)).clamp(min=0)  # (queries, keys)
+    return query_positions[:, None] - torch.arange(keys, device=device)  # (queries, keys)
+
+
+def alibi_bias(num_heads: int, queries: int, keys: int, device, dtype) -> torch.Tensor:
+    """`-slope_h * (i - j)` for query i and key j <= i (`query_key_distance`). Future keys get 0 here: the
+    causal mask removes them."""
+    distance = query_key_distance(queries, keys, device).clamp(min=0)  # (queries, keys)
     slopes = alibi_slopes(num_heads).to(device=device, dtype=dtype)  # (heads,)
     return -(slopes[:, None, None] * distance)[None]  # (1, heads, queries, keys)
 
@@ -89,8 +95,7 @@ def alibi_attention(module, query, key, value, attention_mask, **kwargs):
         bias = query.new_zeros(1, 1, queries, keys)  # (1, 1, queries, keys)
     window = getattr(module, "window", 0)
     if window:
-        query_positions = torch.arange(keys - queries, keys, device=query.device)  # (queries,)
-        distance = query_positions[:, None] - torch.arange(keys, device=query.device)  # (queries, keys)
+        distance = query_key_distance(queries, keys, query.device)  # (queries, keys)
         bias = bias.masked_fill(distance >= window, float("-inf"))  # every query keeps itself (distance 0)
     return sdpa_attention_forward(module, query, key, value, attention_mask, position_bias=bias, **kwargs)
 
