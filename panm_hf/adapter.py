@@ -2,7 +2,8 @@
 
 `model.save_panm(folder)` writes two small files:
 
-* `panm_config.json`: a `PanmAdapterConfig`, the PANM hyperparameters, `placement`, `causal_memory`, the adapter
+* `panm_config.json`: a `PanmAdapterConfig`, the PANM hyperparameters, `placement`, `causal_memory`,
+  `eos_decision`, the adapter
   class and the base model's `name_or_path` (what `from_backbone` recorded);
 * `panm_model.safetensors`: every weight outside `backbone.`: PANM's `panm.*`, plus
   `output_norm.*` (`placement="residual"`) or the QA span head `qa_outputs.*`.
@@ -24,7 +25,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers.utils import cached_file, logging
 
-from .configuration_panm import CAUSAL_MEMORIES, PLACEMENTS, PanmConfig
+from .configuration_panm import CAUSAL_MEMORIES, EOS_DECISIONS, PLACEMENTS, PanmConfig
 from .memory_config import PanmMemoryConfig
 
 if TYPE_CHECKING:
@@ -50,6 +51,7 @@ class PanmAdapterConfig(PanmMemoryConfig):
             folder or Hub id (`config.name_or_path`); `""` when the model had none.
         placement (`str`, *optional*, defaults to `"stack"`): `PanmConfig.placement`.
         causal_memory (`str`, *optional*, defaults to `"sequence"`): `PanmConfig.causal_memory`.
+        eos_decision (`str`, *optional*, defaults to `"shared"`): `PanmConfig.eos_decision`.
         **kwargs: the `PanmMemoryConfig` fields.
     """
 
@@ -57,23 +59,30 @@ class PanmAdapterConfig(PanmMemoryConfig):
     base_model_name_or_path: str = ""
     placement: str = "stack"
     causal_memory: str = "sequence"
+    eos_decision: str = "shared"
 
     def validate(self) -> None:
-        """`PanmMemoryConfig.validate` plus `placement`, `causal_memory` and `adapter_class`; ValueError naming
-        the field."""
+        """`PanmMemoryConfig.validate` plus `placement`, `causal_memory`, `eos_decision` and `adapter_class`;
+        ValueError naming the field."""
         super().validate()
         if self.placement not in PLACEMENTS:
             raise ValueError(f"placement={self.placement!r} is not supported; choose one of {PLACEMENTS}.")
         if self.causal_memory not in CAUSAL_MEMORIES:
             raise ValueError(f"causal_memory={self.causal_memory!r} is not supported; choose one of {CAUSAL_MEMORIES}.")
+        if self.eos_decision not in EOS_DECISIONS:
+            raise ValueError(f"eos_decision={self.eos_decision!r} is not supported; choose one of {EOS_DECISIONS}.")
         if not isinstance(self.adapter_class, str) or not self.adapter_class:
             raise ValueError(f"adapter_class must name a PANM model class (got {self.adapter_class!r}).")
 
     @property
     def panm_kwargs(self) -> dict:
-        """The `PanmConfig` fields `from_backbone` takes: PANM's hyperparameters, `placement`, `causal_memory`."""
+        """The `PanmConfig` fields `from_backbone` takes: PANM's hyperparameters, `placement`, `causal_memory`,
+        `eos_decision`."""
         memory = {field.name: getattr(self, field.name) for field in fields(PanmMemoryConfig)}
-        return {**memory, "placement": self.placement, "causal_memory": self.causal_memory}
+        return {
+            **memory, "placement": self.placement, "causal_memory": self.causal_memory,
+            "eos_decision": self.eos_decision,
+        }  # fmt: skip
 
     @classmethod
     def from_model(cls, model: PanmPreTrainedModel, base_model_name_or_path: str | None = None) -> PanmAdapterConfig:
@@ -85,6 +94,7 @@ class PanmAdapterConfig(PanmMemoryConfig):
             base_model_name_or_path=os.fspath(base or ""),
             placement=model.config.placement,
             causal_memory=getattr(model.config, "causal_memory", "sequence"),
+            eos_decision=getattr(model.config, "eos_decision", "shared"),
         )
 
     @classmethod

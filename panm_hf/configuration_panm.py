@@ -12,6 +12,9 @@ from .memory_config import PanmMemoryConfig
 PLACEMENTS = ("stack", "replace", "residual")
 # PanmForCausalLM's memory M: every token so far, or the prompt only (the seq2seq framing in one stream).
 CAUSAL_MEMORIES = ("sequence", "prompt")
+# PanmForSeq2SeqLM's end-of-sequence logit: from what the LM head reads, as every other token's, or from PANM's
+# output alone (its pointers' count of the source decides when to stop; the backbone's decoder does not).
+EOS_DECISIONS = ("shared", "panm")
 # The placements in which the Controller takes the place of the backbone's last decoder layer.
 LAYER_REPLACING_PLACEMENTS = ("replace", "residual")
 # Attributes read from the outer config by Trainer, Seq2SeqTrainer, generate() and weight tying.
@@ -55,6 +58,14 @@ class PanmConfig(PreTrainedConfig, PanmMemoryConfig):
             positions before the response get the backbone's output alone. In training the prompt is what
             precedes each row's first supervised label (or `prompt_mask` / `prompt_lengths`); in
             `generate()` it is the prompt given. Other PANM heads ignore this field.
+        eos_decision (`str`, *optional*, defaults to `"shared"`):
+            where `PanmForSeq2SeqLM` takes the end-of-sequence logit from. `"shared"`: from what the LM head
+            reads, as every other token's. `"panm"`: from PANM's output alone (the LM head's `eos_token_id`
+            rows applied to the Controller's output, before drop-path), so the stop decision is made by the
+            Controller, which sees the pointers' place in the source, and not by the backbone's decoder, whose
+            count of its own tokens stops at the training lengths (docs/results/scan.md). With `"stack"` it
+            breaks the zero-initialised equivalence to the backbone for that one logit only. Other PANM heads
+            accept `"shared"` only.
         **kwargs: the `PanmMemoryConfig` fields and `PreTrainedConfig`'s arguments.
     """
 
@@ -64,6 +75,7 @@ class PanmConfig(PreTrainedConfig, PanmMemoryConfig):
     text_config: dict | PreTrainedConfig | None = None
     placement: str = "stack"
     causal_memory: str = "sequence"
+    eos_decision: str = "shared"
     pad_token_id: int | None = None
     bos_token_id: int | None = None
     eos_token_id: int | list[int] | None = None
@@ -104,6 +116,16 @@ class PanmConfig(PreTrainedConfig, PanmMemoryConfig):
                 f"causal_memory={self.causal_memory!r} is not supported; choose one of {CAUSAL_MEMORIES} "
                 '("sequence": every token so far, "prompt": the prompt only).'
             )
+        if self.eos_decision not in EOS_DECISIONS:
+            raise ValueError(
+                f"eos_decision={self.eos_decision!r} is not supported; choose one of {EOS_DECISIONS} (\"shared\": "
+                'the end-of-sequence logit from what the LM head reads, "panm": from PANM\'s output alone).'
+            )
+        if self.eos_decision == "panm" and self.eos_token_id is None:
+            raise ValueError(
+                'eos_decision="panm" needs eos_token_id (the logit PANM decides): set it on the config or on its '
+                "text_config."
+            )
         if self.placement == "replace" and self.panm_drop_path > 0:
             # "replace" feeds the logits from the Controller alone: a dropped sample would predict from zeros.
             raise ValueError(
@@ -127,4 +149,4 @@ class PanmConfig(PreTrainedConfig, PanmMemoryConfig):
         return PanmMemoryConfig(**{f.name: getattr(self, f.name) for f in fields(PanmMemoryConfig)})
 
 
-__all__ = ["CAUSAL_MEMORIES", "PanmConfig"]
+__all__ = ["CAUSAL_MEMORIES", "EOS_DECISIONS", "PanmConfig"]

@@ -35,6 +35,8 @@ class PanmMemoryOutput:
         mode2_attentions: `(batch, steps, heads, slots)` Mode-2 attention `w^c_t`, if requested.
         content_attentions: `(batch, steps, slots)` the content read's attention (`content_read` other than
             `"none"`), if requested.
+        undropped_hidden_states: `(batch, steps, output_size)` the Controller's outputs before drop-path, when
+            drop-path is active (training with `panm_drop_path > 0`); None otherwise (`hidden_states` then).
     """
 
     hidden_states: torch.Tensor
@@ -43,6 +45,7 @@ class PanmMemoryOutput:
     address_attentions: torch.Tensor | None = None
     mode2_attentions: torch.Tensor | None = None
     content_attentions: torch.Tensor | None = None
+    undropped_hidden_states: torch.Tensor | None = None
 
 
 @functools.lru_cache(maxsize=16)
@@ -281,13 +284,14 @@ class PanmMemory(nn.Module):
         if address_weights.shape[-1] > memory.memory_states.shape[1]:
             address_weights = address_weights[..., : memory.memory_states.shape[1]]  # (batch, steps, units, slots)
         reads, mode2_weights, content_weights = self._reads(address_weights, memory, decoder_states, slot_mask)
-        hidden_states, controller_hidden, controller_weights = self._control(
+        hidden_states, undropped_states, controller_hidden, controller_weights = self._control(
             reads, decoder_states, state.controller_hidden, memory, slot_mask, step_mask
         )
         if self.controller.content_reader is not None:  # content_read="controller": its weights are the content's
             content_weights = controller_weights
         return PanmMemoryOutput(
             hidden_states=hidden_states,
+            undropped_hidden_states=undropped_states,
             state=PanmState(
                 pointer_hidden=pointer_hidden,
                 pointers=pointers,
@@ -358,9 +362,10 @@ class PanmMemory(nn.Module):
         memory: AddressedMemory,
         slot_mask: torch.Tensor,
         step_mask: torch.Tensor | None,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """The Controller over the reads, with dropout and drop-path: `(outputs (batch, steps, out), last hidden,
-        the Controller's content weights (batch, steps, slots) for content_read="controller", else None)`."""
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor | None]:
+        """The Controller over the reads, with dropout and drop-path: `(outputs (batch, steps, out), the outputs
+        before drop-path when it is active (else None), last hidden, the Controller's content weights
+        (batch, steps, slots) for content_read="controller", else None)`."""
         weights = None
         if self.controller.content_reader is not None:  # content_read="controller": steps one at a time
             hidden_states, controller_hidden, weights = self.controller.attentive_forward(
@@ -372,11 +377,13 @@ class PanmMemory(nn.Module):
                 self.dropout(reads), decoder_states, controller_hidden, step_mask=step_mask
             )
         hidden_states = self.dropout(hidden_states)
+        undropped = None
         if self.training and self.drop_path > 0:  # stochastic depth: a sample keeps all of PANM's output or none
+            undropped = hidden_states
             batch_size = hidden_states.shape[0]
             keep = torch.rand(batch_size, 1, 1, device=hidden_states.device) >= self.drop_path  # (batch, 1, 1)
             hidden_states = hidden_states * keep.to(hidden_states.dtype) / (1.0 - self.drop_path)
-        return hidden_states, controller_hidden, weights
+        return hidden_states, undropped, controller_hidden, weights
 
     def _causal_masks(
         self, memory: AddressedMemory, causal_positions: torch.Tensor, num_steps: int

@@ -67,6 +67,16 @@ class PanmPreTrainedModel(PreTrainedModel):
     _supports_attention_backend = True
     # The loss is already averaged over tokens: Trainer must not pass num_items_in_batch and rescale it.
     accepts_loss_kwargs = False
+    # Whether the head reads `config.eos_decision` (PanmForSeq2SeqLM); the others accept "shared" only.
+    reads_eos_decision = False
+
+    def __init__(self, config: PanmConfig, *inputs, **kwargs):
+        super().__init__(config, *inputs, **kwargs)
+        if config.eos_decision != "shared" and not self.reads_eos_decision:
+            raise ValueError(
+                f'{type(self).__name__} accepts eos_decision="shared" only (got {config.eos_decision!r}): PANM '
+                "deciding the end-of-sequence logit is a PanmForSeq2SeqLM option."
+            )
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
@@ -290,6 +300,8 @@ class PanmForSeq2SeqLM(PanmPreTrainedModel, GenerationMixin):
             `config.text_config` when None.
     """
 
+    reads_eos_decision = True
+
     def __init__(self, config: PanmConfig, backbone: PreTrainedModel | None = None):
         super().__init__(config)
         self.parts = seq2seq_parts(config.text_config)
@@ -353,6 +365,24 @@ class PanmForSeq2SeqLM(PanmPreTrainedModel, GenerationMixin):
         logits = get_path(self.backbone, self.parts.lm_head)(decoder_states)
         bias = get_path(self.backbone, self.parts.final_logits_bias)
         return logits + bias.to(logits.device) if bias is not None else logits
+
+    def _panm_eos_logits(self, logits: torch.Tensor, panm_output: PanmMemoryOutput) -> torch.Tensor:
+        """`logits` with the end-of-sequence ones taken from PANM's output alone, before drop-path
+        (`eos_decision="panm"`): the LM head's EOS rows (and biases) applied to the Controller's output."""
+        states = panm_output.undropped_hidden_states
+        states = panm_output.hidden_states if states is None else states  # (batch, tgt_len, decoder_dim)
+        states = states.to(logits.dtype)
+        if self.parts.output_scale is not None:
+            states = states * self.parts.output_scale(self.config.text_config)
+        eos = self.config.eos_token_id
+        eos_ids = torch.as_tensor(eos if isinstance(eos, list) else [eos], device=logits.device)  # (num_eos,)
+        head = get_path(self.backbone, self.parts.lm_head)
+        head_bias = head.bias.index_select(0, eos_ids) if head.bias is not None else None
+        eos_logits = nn.functional.linear(states, head.weight.index_select(0, eos_ids), head_bias)
+        bias = get_path(self.backbone, self.parts.final_logits_bias)  # (1, vocab) where the backbone has one
+        if bias is not None:
+            eos_logits = eos_logits + bias.to(logits.device).index_select(-1, eos_ids)
+        return logits.index_copy(-1, eos_ids, eos_logits)  # (batch, tgt_len, vocab)
 
     def forward(
         self,
@@ -432,6 +462,8 @@ class PanmForSeq2SeqLM(PanmPreTrainedModel, GenerationMixin):
     ) -> PanmSeq2SeqLMOutput:
         """Logits, the loss against `labels` (`-100` ignored) and the outputs of every part."""
         logits = self._logits(hidden)  # (batch, tgt_len, vocab)
+        if self.config.eos_decision == "panm":
+            logits = self._panm_eos_logits(logits, panm_output)
         loss = None
         if labels is not None:
             loss = nn.functional.cross_entropy(

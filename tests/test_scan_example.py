@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import run_scan
 import run_table
 import torch
 
@@ -267,6 +268,25 @@ def test_table_driver_names_runs_and_summarises_seeds(tmp_path):
     assert row["median"] == 90.0 and row["early"] == 10.0
     with pytest.raises(SystemExit):
         run_table.parse_arguments(["--output_dir", str(tmp_path), "--cutoffs", "48"])
+
+
+@pytest.mark.parametrize(
+    "design,expected",
+    [
+        ("panm", ("replace", "none", "absolute", 0, "shared")),
+        ("transformer", ("replace", "none", "absolute", 0, "shared")),
+        ("panm_nope_cr_window", ("replace", "decoder", "none", 24, "shared")),
+        ("panm_example_nope_window_eos", ("stack", "decoder", "none", 24, "panm")),
+    ],
+)
+def test_table_designs_do_not_depend_on_the_examples_defaults(tmp_path, design, expected):
+    """Each row of the table is the paper's integration plus its own flags, whatever run_scan.py defaults to."""
+    args = run_table.parse_arguments(["--output_dir", str(tmp_path)])
+    argv = run_table.command(design, 26, 0, args)[2:]  # past the interpreter and the script
+    model_args, panm_args, _, _ = run_scan.parse_arguments(argv)
+    actual = (model_args.placement, panm_args.content_read, model_args.decoder_positions,
+              model_args.decoder_window, model_args.eos_decision)  # fmt: skip
+    assert actual == expected
 
 
 @pytest.mark.smoke

@@ -219,12 +219,17 @@ def validate(model_args: ModelArguments, data_args: DataArguments, training_args
         raise ValueError("--max_steps must be set: the budget is a number of training steps (Csordas et al.: 50K).")
 
 
+def parse_arguments(argv: list[str]) -> tuple:
+    """`(model_args, panm_args, data_args, training_args)` from the command line, with the SCAN defaults."""
+    parser = HfArgumentParser((ModelArguments, PanmMemoryConfig, DataArguments, Seq2SeqTrainingArguments))
+    parser.set_defaults(**SCAN_PANM_FLAGS, **TRAINING_DEFAULTS)
+    return parser.parse_args_into_dataclasses(args=argv)
+
+
 def main(argv: list[str] | None = None) -> dict:
     use_cpu_for_multi_process_launch()
     argv = sys.argv[1:] if argv is None else argv
-    parser = HfArgumentParser((ModelArguments, PanmMemoryConfig, DataArguments, Seq2SeqTrainingArguments))
-    parser.set_defaults(**SCAN_PANM_FLAGS, **TRAINING_DEFAULTS)
-    model_args, panm_args, data_args, training_args = parser.parse_args_into_dataclasses(args=argv)
+    model_args, panm_args, data_args, training_args = parse_arguments(argv)
     apply_default_steps(training_args, argv, ("do_train", "do_eval"))
     if data_args.smoke:
         apply_smoke(SMOKE_OVERRIDES, model_args, panm_args, data_args, training_args)

@@ -29,6 +29,12 @@ BUDGET = [
     "--per_device_eval_batch_size", "256", "--eval_every", "500", "--curve_samples", "256", "--logging_steps", "250",
     "--save_strategy", "no", "--report_to", "none", "--disable_tqdm", "true",
 ]  # fmt: skip
+# Every design starts from the paper's integration, whatever run_scan.py's defaults are: the table's rows keep
+# their meaning when the example's defaults change.
+PAPER_INTEGRATION = [
+    "--placement", "replace", "--panm_drop_path", "0", "--content_read", "none", "--pointer_update", "attention",
+    "--decoder_positions", "absolute", "--decoder_window", "0", "--eos_decision", "shared",
+]  # fmt: skip
 # Named designs: the flags each adds to run_scan.py (docs/results/scan.md measures them).
 DESIGNS = {
     "transformer": ["--model", "transformer", "--decoder_positions", "absolute"],
@@ -49,11 +55,40 @@ DESIGNS = {
     "transformer_nope_window": ["--model", "transformer", "--decoder_positions", "none", "--decoder_window", "24"],
     "panm_nope_cr_window": ["--model", "panm", "--decoder_positions", "none", "--content_read", "decoder",
                             "--decoder_window", "24"],
+    # the same with the whole decoder kept (`stack`): one design for SCAN and Multi30K (issue 34)
+    "panm_stack_nope_cr_window": ["--model", "panm", "--decoder_positions", "none", "--content_read", "decoder",
+                                  "--placement", "stack", "--decoder_window", "24"],
+    "panm_residual_nope_cr_window": ["--model", "panm", "--decoder_positions", "none", "--content_read", "decoder",
+                                     "--placement", "residual", "--decoder_window", "24"],
     # the translation and math examples' design (docs/results/transformer_integration.md), 128-wide GRUs
     "panm_example": [
         "--model", "panm", "--decoder_positions", "absolute", "--placement", "stack", "--panm_drop_path", "0.5",
         "--content_read", "decoder", "--pointer_update", "shift", "--pointer_hidden_size", "128",
         "--controller_hidden_size", "128",
+    ],
+    "panm_example_nope_window": [
+        "--model", "panm", "--decoder_positions", "none", "--decoder_window", "24", "--placement", "stack",
+        "--panm_drop_path", "0.5", "--content_read", "decoder", "--pointer_update", "shift",
+        "--pointer_hidden_size", "128", "--controller_hidden_size", "128",
+    ],
+    # the same two with PANM deciding the end-of-sequence logit (--eos_decision panm)
+    "panm_example_nope_window_eos": [
+        "--model", "panm", "--decoder_positions", "none", "--decoder_window", "24", "--placement", "stack",
+        "--panm_drop_path", "0.5", "--content_read", "decoder", "--pointer_update", "shift",
+        "--pointer_hidden_size", "128", "--controller_hidden_size", "128", "--eos_decision", "panm",
+    ],
+    "panm_stack_nope_cr_window_eos": ["--model", "panm", "--decoder_positions", "none", "--content_read", "decoder",
+                                      "--placement", "stack", "--decoder_window", "24", "--eos_decision", "panm"],
+    "panm_stack_nope_cr_window_eos_dp": ["--model", "panm", "--decoder_positions", "none", "--content_read",
+                                         "decoder", "--placement", "stack", "--decoder_window", "24",
+                                         "--eos_decision", "panm", "--panm_drop_path", "0.5"],
+    # a window shorter than the training outputs: the decoder cannot count its own output in training either
+    "panm_stack_nope_cr_window8": ["--model", "panm", "--decoder_positions", "none", "--content_read", "decoder",
+                                   "--placement", "stack", "--decoder_window", "8"],
+    "panm_example_nope_window8_eos": [
+        "--model", "panm", "--decoder_positions", "none", "--decoder_window", "8", "--placement", "stack",
+        "--panm_drop_path", "0.5", "--content_read", "decoder", "--pointer_update", "shift",
+        "--pointer_hidden_size", "128", "--controller_hidden_size", "128", "--eos_decision", "panm",
     ],
     # the controls: the same model with its Mode-1 and Mode-2 values zeroed from the first step (controls.py)
     "panm_nope_no_pointer_reads": ["--model", "panm", "--decoder_positions", "none", "--control", "no_pointer_reads"],
@@ -99,7 +134,7 @@ def command(design: str, cutoff: int, seed: int, args: argparse.Namespace) -> li
     script = str(Path(__file__).resolve().parent / "run_scan.py")
     return [
         sys.executable, script, "--data_dir", args.data_dir, "--cutoff", str(cutoff), "--seed", str(seed),
-        "--backbone", args.backbone, *BUDGET, *DESIGNS[design], *args.extra,
+        "--backbone", args.backbone, *BUDGET, *PAPER_INTEGRATION, *DESIGNS[design], *args.extra,
         "--output_dir", str(run_dir(args.output_dir, design, cutoff, seed)),
     ]  # fmt: skip
 

@@ -66,6 +66,13 @@ class ModelArguments:
             "and math examples default to stack (with --panm_drop_path 0.5), the bAbI example to residual."
         },
     )
+    eos_decision: str = field(
+        default="shared",
+        metadata={
+            "help": "Where PANM's model takes its end-of-sequence logit from: shared (what the LM head reads, as "
+            "every token) or panm (PANM's output alone, so PANM decides when to stop; see PanmConfig)."
+        },
+    )
     vocab_size: int = field(default=8000, metadata={"help": "Joint BPE vocabulary size of the local tokenizer."})
     panm_weight_decay: float | None = field(
         default=None,
@@ -194,7 +201,8 @@ def backbone_config(model_args: ModelArguments, tokenizer, max_positions: int):
 def build_model(name: str, model_args: ModelArguments, panm_args: PanmMemoryConfig, config) -> PreTrainedModel:
     """Model `name` from a backbone config (random weights) or, when `config` is a path, from that checkpoint."""
     if isinstance(config, str):
-        model = load_pretrained(name, config, {"placement": model_args.placement, **asdict(panm_args)})
+        overrides = {"placement": model_args.placement, "eos_decision": model_args.eos_decision, **asdict(panm_args)}
+        model = load_pretrained(name, config, overrides)
         if name == "panm":
             apply_control(model, model_args.control)
         apply_decoder_positions(model, model_args.decoder_positions, model_args.max_position_offset,
@@ -209,7 +217,10 @@ def build_model(name: str, model_args: ModelArguments, panm_args: PanmMemoryConf
         # (already token-averaged) loss; PanmForSeq2SeqLM opts out, and so does the baseline.
         model.accepts_loss_kwargs = False
     else:
-        panm_config = PanmConfig(text_config=config.to_dict(), placement=model_args.placement, **asdict(panm_args))
+        panm_config = PanmConfig(
+            text_config=config.to_dict(), placement=model_args.placement, eos_decision=model_args.eos_decision,
+            **asdict(panm_args),
+        )
         model = PanmForSeq2SeqLM(panm_config)
         apply_control(model, model_args.control)  # the hook stays with the model for training and testing
     apply_decoder_positions(model, model_args.decoder_positions, model_args.max_position_offset,
