@@ -20,6 +20,15 @@ def pair(config, placement="stack", **kwargs):
     return shared.eval(), deciding.eval()
 
 
+def assert_same_model(loaded, deciding):
+    """`loaded` decides EOS with PANM and gives `deciding`'s logits exactly."""
+    assert loaded.config.eos_decision == "panm"
+    input_ids, labels = make_inputs()
+    with torch.no_grad():
+        assert torch.equal(loaded(input_ids=input_ids, labels=labels).logits,
+                           deciding(input_ids=input_ids, labels=labels).logits)  # fmt: skip
+
+
 def eos_ids(model):
     eos = model.config.eos_token_id
     return eos if isinstance(eos, list) else [eos]
@@ -84,12 +93,7 @@ def test_cached_greedy_and_beam_decoding_match_uncached():
 def test_save_load_keeps_the_decision(tmp_path):
     _, deciding = pair(BACKBONES["bart"]())
     deciding.save_pretrained(tmp_path)
-    loaded = AutoModelForSeq2SeqLM.from_pretrained(tmp_path).eval()
-    assert loaded.config.eos_decision == "panm"
-    input_ids, labels = make_inputs()
-    with torch.no_grad():
-        assert torch.equal(loaded(input_ids=input_ids, labels=labels).logits,
-                           deciding(input_ids=input_ids, labels=labels).logits)  # fmt: skip
+    assert_same_model(AutoModelForSeq2SeqLM.from_pretrained(tmp_path).eval(), deciding)
 
 
 def test_save_panm_and_from_panm_keep_the_decision(tmp_path):
@@ -97,12 +101,7 @@ def test_save_panm_and_from_panm_keep_the_decision(tmp_path):
     backbone_folder, panm_folder = tmp_path / "base", tmp_path / "panm"
     deciding.backbone.save_pretrained(backbone_folder)
     deciding.save_panm(panm_folder, base_model_name_or_path=str(backbone_folder))
-    loaded = PanmForSeq2SeqLM.from_panm(panm_folder).eval()
-    assert loaded.config.eos_decision == "panm"
-    input_ids, labels = make_inputs()
-    with torch.no_grad():
-        assert torch.equal(loaded(input_ids=input_ids, labels=labels).logits,
-                           deciding(input_ids=input_ids, labels=labels).logits)  # fmt: skip
+    assert_same_model(PanmForSeq2SeqLM.from_panm(panm_folder).eval(), deciding)
 
 
 def test_bad_values_name_the_field():

@@ -61,9 +61,13 @@ from panm_hf.pipelines.seq2seq import (
     validate_model_args,
 )
 
-# The SCAN example's PANM defaults: the paper's integration (docs/results/scan.md recommends the design
-# `panm_nope_cr_window` of run_table.py, this plus --decoder_positions none --content_read decoder --decoder_window 24).
-SCAN_PANM_FLAGS = {"placement": "replace", "panm_drop_path": 0.0}
+# The SCAN example's defaults: the measured best design on SCAN (docs/results/scan.md, `panm_nope_cr_window` of
+# run_table.py): the paper's integration (`replace`) with the decoder content read, a decoder without absolute
+# positions and its self-attention on its last 24 tokens. The decoder flags apply to both models of --model both.
+SCAN_PANM_FLAGS = {
+    "placement": "replace", "panm_drop_path": 0.0, "content_read": "decoder", "decoder_positions": "none",
+    "decoder_window": 24,
+}  # fmt: skip
 
 
 @dataclass

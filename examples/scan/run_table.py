@@ -35,6 +35,13 @@ PAPER_INTEGRATION = [
     "--placement", "replace", "--panm_drop_path", "0", "--content_read", "none", "--pointer_update", "attention",
     "--decoder_positions", "absolute", "--decoder_window", "0", "--eos_decision", "shared",
 ]  # fmt: skip
+# The translation and math examples' PANM flags, with their 128-wide GRUs; SCAN's decoder changes.
+MULTI30K_DESIGN = [
+    "--placement", "stack", "--panm_drop_path", "0.5", "--content_read", "decoder", "--pointer_update", "shift",
+    "--pointer_hidden_size", "128", "--controller_hidden_size", "128",
+]  # fmt: skip
+SCAN_DECODER = ["--decoder_positions", "none", "--decoder_window", "24"]
+SCAN_STACK = ["--content_read", "decoder", "--placement", "stack"]
 # Named designs: the flags each adds to run_scan.py (docs/results/scan.md measures them).
 DESIGNS = {
     "transformer": ["--model", "transformer", "--decoder_positions", "absolute"],
@@ -55,40 +62,16 @@ DESIGNS = {
     "transformer_nope_window": ["--model", "transformer", "--decoder_positions", "none", "--decoder_window", "24"],
     "panm_nope_cr_window": ["--model", "panm", "--decoder_positions", "none", "--content_read", "decoder",
                             "--decoder_window", "24"],
-    # the same with the whole decoder kept (`stack`): one design for SCAN and Multi30K (issue 34)
-    "panm_stack_nope_cr_window": ["--model", "panm", "--decoder_positions", "none", "--content_read", "decoder",
-                                  "--placement", "stack", "--decoder_window", "24"],
-    "panm_residual_nope_cr_window": ["--model", "panm", "--decoder_positions", "none", "--content_read", "decoder",
-                                     "--placement", "residual", "--decoder_window", "24"],
     # the translation and math examples' design (docs/results/transformer_integration.md), 128-wide GRUs
-    "panm_example": [
-        "--model", "panm", "--decoder_positions", "absolute", "--placement", "stack", "--panm_drop_path", "0.5",
-        "--content_read", "decoder", "--pointer_update", "shift", "--pointer_hidden_size", "128",
-        "--controller_hidden_size", "128",
-    ],
-    "panm_example_nope_window": [
-        "--model", "panm", "--decoder_positions", "none", "--decoder_window", "24", "--placement", "stack",
-        "--panm_drop_path", "0.5", "--content_read", "decoder", "--pointer_update", "shift",
-        "--pointer_hidden_size", "128", "--controller_hidden_size", "128",
-    ],
-    # the same two with PANM deciding the end-of-sequence logit (--eos_decision panm)
-    "panm_example_nope_window_eos": [
-        "--model", "panm", "--decoder_positions", "none", "--decoder_window", "24", "--placement", "stack",
-        "--panm_drop_path", "0.5", "--content_read", "decoder", "--pointer_update", "shift",
-        "--pointer_hidden_size", "128", "--controller_hidden_size", "128", "--eos_decision", "panm",
-    ],
-    "panm_stack_nope_cr_window_eos": ["--model", "panm", "--decoder_positions", "none", "--content_read", "decoder",
-                                      "--placement", "stack", "--decoder_window", "24", "--eos_decision", "panm"],
-    "panm_stack_nope_cr_window_eos_dp": ["--model", "panm", "--decoder_positions", "none", "--content_read",
-                                         "decoder", "--placement", "stack", "--decoder_window", "24",
-                                         "--eos_decision", "panm", "--panm_drop_path", "0.5"],
-    # a window shorter than the training outputs: the decoder cannot count its own output in training either
-    "panm_stack_nope_cr_window8": ["--model", "panm", "--decoder_positions", "none", "--content_read", "decoder",
-                                   "--placement", "stack", "--decoder_window", "8"],
-    "panm_example_nope_window8_eos": [
-        "--model", "panm", "--decoder_positions", "none", "--decoder_window", "8", "--placement", "stack",
-        "--panm_drop_path", "0.5", "--content_read", "decoder", "--pointer_update", "shift",
-        "--pointer_hidden_size", "128", "--controller_hidden_size", "128", "--eos_decision", "panm",
+    "panm_example": ["--model", "panm", "--decoder_positions", "absolute", *MULTI30K_DESIGN],
+    # one design for SCAN and Multi30K? (docs/results/scan.md#one-design-for-three-tasks): SCAN's decoder changes
+    # on the Multi30K design, and the whole decoder kept (`stack`) under SCAN's design; `_eos`: PANM decides EOS
+    "panm_example_nope_window": ["--model", "panm", *SCAN_DECODER, *MULTI30K_DESIGN],
+    "panm_example_nope_window_eos": ["--model", "panm", *SCAN_DECODER, *MULTI30K_DESIGN, "--eos_decision", "panm"],
+    "panm_stack_nope_cr_window": ["--model", "panm", *SCAN_DECODER, *SCAN_STACK],
+    "panm_stack_nope_cr_window_eos": ["--model", "panm", *SCAN_DECODER, *SCAN_STACK, "--eos_decision", "panm"],
+    "panm_stack_nope_cr_window_eos_dp": [
+        "--model", "panm", *SCAN_DECODER, *SCAN_STACK, "--eos_decision", "panm", "--panm_drop_path", "0.5",
     ],
     # the controls: the same model with its Mode-1 and Mode-2 values zeroed from the first step (controls.py)
     "panm_nope_no_pointer_reads": ["--model", "panm", "--decoder_positions", "none", "--control", "no_pointer_reads"],

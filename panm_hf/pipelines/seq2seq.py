@@ -154,12 +154,15 @@ def validate_model_args(model_args: ModelArguments) -> None:
     if model_args.decoder_positions != "absolute" and model_args.backbone == "t5":
         raise ValueError(
             f"--decoder_positions {model_args.decoder_positions} needs a decoder with absolute positions: use "
-            "--backbone bart or marian (t5's positions are relative)."
+            "--backbone bart or marian, or --decoder_positions absolute with t5 (its positions are relative)."
         )
     if model_args.decoder_window < 0:
         raise ValueError(f"--decoder_window must be >= 0 (0: the whole prefix; got {model_args.decoder_window}).")
     if model_args.decoder_window and model_args.backbone == "t5":
-        raise ValueError("--decoder_window needs --backbone bart or marian (t5's attention takes its own bias).")
+        raise ValueError(
+            "--decoder_window needs --backbone bart or marian (t5's attention takes its own bias); pass "
+            "--decoder_window 0 with t5."
+        )
     if not model_args.max_position_offset >= 0:
         raise ValueError(f"--max_position_offset must be >= 0 (got {model_args.max_position_offset}).")
     if model_args.control is not None and model_args.model == "transformer":
