@@ -359,29 +359,28 @@ class PanmForSeq2SeqLM(PanmPreTrainedModel, GenerationMixin):
         return self.parts.vocab_models
 
     # -- forward ---------------------------------------------------------------------------------
-    def _logits(self, decoder_states: torch.Tensor) -> torch.Tensor:
+    def _logits(self, decoder_states: torch.Tensor, token_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """The LM head's logits `(batch, tgt_len, vocab)`, or only those of `token_ids` `(batch, tgt_len, tokens)`."""
         if self.parts.output_scale is not None:
             decoder_states = decoder_states * self.parts.output_scale(self.config.text_config)
-        logits = get_path(self.backbone, self.parts.lm_head)(decoder_states)
-        bias = get_path(self.backbone, self.parts.final_logits_bias)
+        head = get_path(self.backbone, self.parts.lm_head)
+        bias = get_path(self.backbone, self.parts.final_logits_bias)  # (1, vocab) where the backbone has one
+        if token_ids is None:
+            logits = head(decoder_states)
+        else:  # the head's rows for these tokens only
+            head_bias = head.bias.index_select(0, token_ids) if head.bias is not None else None
+            logits = nn.functional.linear(decoder_states, head.weight.index_select(0, token_ids), head_bias)
+            bias = bias.to(logits.device).index_select(-1, token_ids) if bias is not None else None
         return logits + bias.to(logits.device) if bias is not None else logits
 
     def _panm_eos_logits(self, logits: torch.Tensor, panm_output: PanmMemoryOutput) -> torch.Tensor:
         """`logits` with the end-of-sequence ones taken from PANM's output alone, before drop-path
-        (`eos_decision="panm"`): the LM head's EOS rows (and biases) applied to the Controller's output."""
+        (`eos_decision="panm"`): the LM head's EOS rows applied to the Controller's output."""
         states = panm_output.undropped_hidden_states
         states = panm_output.hidden_states if states is None else states  # (batch, tgt_len, decoder_dim)
-        states = states.to(logits.dtype)
-        if self.parts.output_scale is not None:
-            states = states * self.parts.output_scale(self.config.text_config)
         eos = self.config.eos_token_id
         eos_ids = torch.as_tensor(eos if isinstance(eos, list) else [eos], device=logits.device)  # (num_eos,)
-        head = get_path(self.backbone, self.parts.lm_head)
-        head_bias = head.bias.index_select(0, eos_ids) if head.bias is not None else None
-        eos_logits = nn.functional.linear(states, head.weight.index_select(0, eos_ids), head_bias)
-        bias = get_path(self.backbone, self.parts.final_logits_bias)  # (1, vocab) where the backbone has one
-        if bias is not None:
-            eos_logits = eos_logits + bias.to(logits.device).index_select(-1, eos_ids)
+        eos_logits = self._logits(states.to(logits.dtype), eos_ids)  # (batch, tgt_len, num_eos)
         return logits.index_copy(-1, eos_ids, eos_logits)  # (batch, tgt_len, vocab)
 
     def forward(
