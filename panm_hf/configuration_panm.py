@@ -59,13 +59,15 @@ class PanmConfig(PreTrainedConfig, PanmMemoryConfig):
             precedes each row's first supervised label (or `prompt_mask` / `prompt_lengths`); in
             `generate()` it is the prompt given. Other PANM heads ignore this field.
         eos_decision (`str`, *optional*, defaults to `"shared"`):
-            where `PanmForSeq2SeqLM` takes the end-of-sequence logit from. `"shared"`: from what the LM head
-            reads, as every other token's. `"panm"`: from PANM's output alone (the LM head's `eos_token_id`
-            rows applied to the Controller's output, before drop-path), so the stop decision is made by the
-            Controller, which sees the pointers' place in the source, and not by the backbone's decoder, whose
-            count of its own tokens stops at the training lengths (docs/results/scan.md). With `"stack"` it
-            breaks the zero-initialised equivalence to the backbone for that one logit only. Other PANM heads
-            accept `"shared"` only.
+            where `PanmForSeq2SeqLM` and `PanmForCausalLM` take the end-of-sequence logit from. `"shared"`:
+            from what the LM head reads, as every other token's. `"panm"`: from PANM's output alone (the LM
+            head's `eos_token_id` rows applied to the Controller's output, before drop-path), so the stop
+            decision is made by the Controller, which sees the pointers' place in the source, and not by the
+            backbone's decoder, whose count of its own tokens stops at the training lengths
+            (docs/results/scan.md). With `"stack"` it
+            breaks the zero-initialised equivalence to the backbone for that one logit only. In
+            `PanmForCausalLM` it applies where PANM decodes (with `causal_memory="prompt"`, from the prompt's
+            last token on; the prompt keeps the backbone's). The QA head accepts `"shared"` only.
         **kwargs: the `PanmMemoryConfig` fields and `PreTrainedConfig`'s arguments.
     """
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 SCORINGS = ("dot", "cosine")
 CONTROLLER_INITS = ("mean", "sum")
 POINTER_UPDATES = ("attention", "shift")
+SHIFT_INITS = ("uniform", "walk")
 CONTENT_READS = ("none", "decoder", "controller")
 ADDRESS_KEYS = ("mlp", "linear")
 RECURRENCE_KERNELS = ("auto", "eager", "fused", "triton")
@@ -71,6 +72,11 @@ class PanmMemoryConfig:
             docs/results/beyond_paper.md.
         shift_range (`int`, *optional*, defaults to 1):
             `K`, the largest step of `pointer_update="shift"`.
+        shift_init (`str`, *optional*, defaults to `"uniform"`):
+            the moves' starting preference under `pointer_update="shift"`: `"uniform"` over the steps, or
+            `"walk"` (beyond the paper), where the base pointer starts preferring `+1` and the end pointer
+            `-1` (logit bias 2, about 0.76 of the weight), so the pointers start by walking the memory
+            from its two ends and training keeps or changes that; results in docs/results/causal_lm.md.
         address_distractors (`int`, *optional*, defaults to 0):
             beyond the paper: in training, this many distractor addresses per sample (a real address
             plus a multiple of the smallest power of two covering the input) join the address bank the
@@ -144,6 +150,13 @@ class PanmMemoryConfig:
         },
     )
     shift_range: int = field(default=1, metadata={"help": "PANM K: the largest step of pointer_update=shift."})
+    shift_init: str = field(
+        default="uniform",
+        metadata={
+            "help": "PANM, pointer_update=shift: the moves start uniform, or walk (base pointer +1, end pointer -1).",
+            "choices": SHIFT_INITS,
+        },
+    )
     address_distractors: int = field(
         default=0, metadata={"help": "PANM, beyond the paper: distractor addresses per sample in training (0: off)."}
     )
@@ -223,6 +236,7 @@ CHOICES = {
     "address_key": (ADDRESS_KEYS, ' ("mlp" is the paper\'s g^a, "linear" the authors\' code)'),
     "controller_init": (CONTROLLER_INITS, ""),
     "pointer_update": (POINTER_UPDATES, ' ("attention" is the paper\'s Pointer Unit)'),
+    "shift_init": (SHIFT_INITS, ' ("uniform" starts with no preferred step)'),
     "content_read": (CONTENT_READS, ' ("none" is the paper\'s equations)'),
     "recurrence_kernel": (RECURRENCE_KERNELS, ' ("auto" fuses the Pointer-Unit loop where it can)'),
 }
@@ -241,6 +255,11 @@ CONFLICTS = (
         'recurrence_kernel="auto" or "eager".',
     ),
     (
+        lambda c: c.shift_init != "uniform" and c.pointer_update != "shift",
+        lambda c: f'shift_init={c.shift_init!r} sets the starting moves of pointer_update="shift" and does nothing '
+        f'with pointer_update={c.pointer_update!r}; set pointer_update="shift" or shift_init="uniform".',
+    ),
+    (
         lambda c: c.pointer_update == "shift" and c.address_distractors > 0,
         lambda c: 'pointer_update="shift" moves pointers over consecutive slots and cannot be combined with '
         'address_distractors; set address_distractors=0 or pointer_update="attention".',
@@ -249,5 +268,6 @@ CONFLICTS = (
 
 __all__ = [
     "ADDRESS_KEYS", "CONTENT_READS", "CONTROLLER_INITS", "RECURRENCE_KERNELS", "POINTER_UPDATES", "SCORINGS",
+    "SHIFT_INITS",
     "PanmMemoryConfig",
 ]  # fmt: skip

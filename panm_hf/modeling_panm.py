@@ -67,7 +67,7 @@ class PanmPreTrainedModel(PreTrainedModel):
     _supports_attention_backend = True
     # The loss is already averaged over tokens: Trainer must not pass num_items_in_batch and rescale it.
     accepts_loss_kwargs = False
-    # Whether the head reads `config.eos_decision` (PanmForSeq2SeqLM); the others accept "shared" only.
+    # Whether the head reads `config.eos_decision` (the seq2seq and causal LMs); the QA head accepts "shared" only.
     reads_eos_decision = False
 
     def __init__(self, config: PanmConfig, *inputs, **kwargs):
@@ -75,7 +75,7 @@ class PanmPreTrainedModel(PreTrainedModel):
         if config.eos_decision != "shared" and not self.reads_eos_decision:
             raise ValueError(
                 f'{type(self).__name__} accepts eos_decision="shared" only (got {config.eos_decision!r}): PANM '
-                "deciding the end-of-sequence logit is a PanmForSeq2SeqLM option."
+                "deciding the end-of-sequence logit is an option of PanmForSeq2SeqLM and PanmForCausalLM."
             )
 
     @classmethod

@@ -171,6 +171,8 @@ class PanmForCausalLM(PanmPreTrainedModel, GenerationMixin):
     loaded or saved causal LM; only PANM's weights are new.
     """
 
+    reads_eos_decision = True  # eos_decision="panm": the EOS logit from PANM's output where PANM decodes
+
     def __init__(self, config: PanmConfig, backbone: PreTrainedModel | None = None):
         super().__init__(config)
         self.parts = causal_parts(config.text_config)
@@ -270,6 +272,7 @@ class PanmForCausalLM(PanmPreTrainedModel, GenerationMixin):
         out = self.panm(memory, aligned, causal_positions=positions, output_attentions=output_attentions)
         out.address_attentions = _put_back(out.address_attentions, order, aligned_mask, length)
         out.mode2_attentions = _put_back(out.mode2_attentions, order, aligned_mask, length)
+        out.undropped_hidden_states = _put_back(out.undropped_hidden_states, order, aligned_mask, length)
         return _put_back(out.hidden_states, order, aligned_mask, length), out  # (batch, length, dim)
 
     def _prompt_prefill(
@@ -279,8 +282,9 @@ class PanmForCausalLM(PanmPreTrainedModel, GenerationMixin):
         prompt_lengths: torch.Tensor,
         base_address: torch.Tensor | None,
         output_attentions: bool,
-    ) -> tuple[torch.Tensor, PanmMemoryOutput]:
-        """`"prompt"`: bind each row's prompt as the memory, decode its response steps, put outputs back."""
+    ) -> tuple[torch.Tensor, PanmMemoryOutput, torch.Tensor]:
+        """`"prompt"`: bind each row's prompt as the memory, decode its response steps, put outputs back; also
+        where PANM decodes, `(batch, length)` bool (the prompt's last token on)."""
         length = hidden.shape[1]
         rank = mask.long().cumsum(dim=1) - 1  # (batch, length): each real token's index among its row's
         in_prompt = mask & (rank < prompt_lengths.unsqueeze(1))  # (batch, length)
@@ -295,7 +299,8 @@ class PanmForCausalLM(PanmPreTrainedModel, GenerationMixin):
             out.state = None
         out.address_attentions = _put_back(out.address_attentions, step_order, step_mask, length)
         out.mode2_attentions = _put_back(out.mode2_attentions, step_order, step_mask, length)
-        return _put_back(out.hidden_states, step_order, step_mask, length), out  # (batch, length, dim)
+        out.undropped_hidden_states = _put_back(out.undropped_hidden_states, step_order, step_mask, length)
+        return _put_back(out.hidden_states, step_order, step_mask, length), out, is_step  # (batch, length, ...)
 
     def _cached_step(
         self, hidden: torch.Tensor, mask: torch.Tensor, cache: PanmDynamicCache, output_attentions: bool
@@ -335,8 +340,9 @@ class PanmForCausalLM(PanmPreTrainedModel, GenerationMixin):
         prompt: dict,
         base_address: torch.Tensor | None,
         output_attentions: bool,
-    ) -> tuple[torch.Tensor, PanmMemoryOutput]:
-        """PANM's output for the new tokens (0 where it adds nothing), continuing from and updating the cache.
+    ) -> tuple[torch.Tensor, torch.Tensor | None, PanmMemoryOutput]:
+        """PANM's output for the new tokens (0 where it adds nothing), continuing from and updating the cache;
+        where PANM decodes (`(batch, new)` bool, or None: at every real new token) and PANM's outputs.
 
         `prompt` holds `labels`, `prompt_mask` and `prompt_lengths`, read on a first (uncached) call only."""
         given = [name for name in ("prompt_mask", "prompt_lengths") if prompt[name] is not None]
@@ -345,6 +351,7 @@ class PanmForCausalLM(PanmPreTrainedModel, GenerationMixin):
                 f"{given[0]} is read only with causal_memory='prompt' (this model has "
                 f"causal_memory={self.config.causal_memory!r}); set PanmConfig.causal_memory='prompt' or drop it."
             )
+        steps = None
         if cache is not None and cache.panm_memory is not None:
             if cache.panm_state is None:
                 raise ValueError(
@@ -361,12 +368,38 @@ class PanmForCausalLM(PanmPreTrainedModel, GenerationMixin):
             )
         elif self.prompt_memory:
             lengths = self._prompt_lengths(mask, **prompt)
-            panm_hidden, out = self._prompt_prefill(hidden, mask, lengths, base_address, output_attentions)
+            panm_hidden, out, steps = self._prompt_prefill(hidden, mask, lengths, base_address, output_attentions)
         else:
             panm_hidden, out = self._panm_prefill(hidden, mask, base_address, output_attentions)
         if cache is not None:
             cache.panm_store(out.state, out.memory, past_length, hidden.shape[1])
-        return panm_hidden, out
+        return panm_hidden, steps, out
+
+    def _head(
+        self, hidden: torch.Tensor, panm_hidden: torch.Tensor, steps: torch.Tensor | None, panm_output: PanmMemoryOutput
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """What the LM head reads (`hidden` plus PANM's output, `(batch, new, dim)`) and its logits."""
+        head_input = hidden + panm_hidden.to(hidden.dtype)  # (batch, new, dim)
+        logits = get_path(self.backbone, self.parts.lm_head)(head_input)  # (batch, new, vocab)
+        if self.config.eos_decision == "panm":
+            logits = self._panm_eos_logits(logits, panm_output, panm_hidden, steps)
+        return head_input, logits
+
+    def _panm_eos_logits(
+        self, logits: torch.Tensor, panm_output: PanmMemoryOutput, panm_hidden: torch.Tensor, steps: torch.Tensor | None
+    ) -> torch.Tensor:
+        """`logits` with the end-of-sequence ones taken from PANM's output alone, before drop-path, at the
+        positions PANM decodes (`eos_decision="panm"`); elsewhere (the prompt, padding) they stay the backbone's."""
+        states = panm_output.undropped_hidden_states
+        states = panm_hidden if states is None else states  # (batch, new, dim)
+        eos = self.config.eos_token_id
+        eos_ids = torch.as_tensor(eos if isinstance(eos, list) else [eos], device=logits.device)  # (num_eos,)
+        head = get_path(self.backbone, self.parts.lm_head)
+        bias = head.bias.index_select(0, eos_ids) if head.bias is not None else None
+        eos_logits = torch.nn.functional.linear(states.to(logits.dtype), head.weight.index_select(0, eos_ids), bias)
+        if steps is not None:  # (batch, new) bool where PANM decodes; None: at every new token
+            eos_logits = torch.where(steps.unsqueeze(-1), eos_logits, logits.index_select(-1, eos_ids))
+        return logits.index_copy(-1, eos_ids, eos_logits)  # (batch, new, vocab)
 
     @staticmethod
     def _loss(logits: torch.Tensor, labels: torch.LongTensor | None) -> torch.Tensor | None:
@@ -440,11 +473,10 @@ class PanmForCausalLM(PanmPreTrainedModel, GenerationMixin):
         else:
             mask = torch.ones(hidden.shape[:2], dtype=torch.bool, device=hidden.device)  # (batch, new)
         prompt = {"labels": labels, "prompt_mask": prompt_mask, "prompt_lengths": prompt_lengths}
-        panm_hidden, panm_output = self._panm(
+        panm_hidden, steps, panm_output = self._panm(
             hidden, mask, cache, past_length, prompt, base_address, bool(output_attentions)
         )
-        head_input = hidden + panm_hidden.to(hidden.dtype)  # (batch, new, dim): what the LM head reads
-        logits = get_path(self.backbone, self.parts.lm_head)(head_input)  # (batch, new, vocab)
+        head_input, logits = self._head(hidden, panm_hidden, steps, panm_output)
         hidden_states = getattr(body_outputs, "hidden_states", None)
         if hidden_states is not None:  # PANM is the last layer: what the LM head reads comes last
             hidden_states = (*hidden_states, head_input)

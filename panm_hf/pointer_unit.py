@@ -74,10 +74,14 @@ class ArithmeticHead(GroupedLinear):
     """Per unit, `h^a_t` -> logits of the moves (steps `K..-K`, then "attend"), and a learned sharpening.
 
     Starts uniform over the steps with the attention's share at `e^-1 / (2K + 1 + e^-1)` (0.11 for
-    K = 1), and `gamma = 1 + softplus(0) = 1.69`.
+    K = 1), and `gamma = 1 + softplus(0) = 1.69`. With `init="walk"` the base pointer's (unit 0) `+1`
+    logit and the end pointer's (unit 1) `-1` logit start at `WALK_BIAS` instead (0.76 of the weight for K = 1).
     """
 
-    def __init__(self, groups: int, in_features: int, reach: int):
+    WALK_BIAS = 2.0
+
+    def __init__(self, groups: int, in_features: int, reach: int, init: str = "uniform"):
+        self.reach, self.init = reach, init  # read by reset_parameters, which the parent's __init__ calls
         super().__init__(groups, in_features, 2 * reach + 2)  # resets the logits' weights (below)
         self.sharpening = nn.Parameter(torch.zeros(groups))  # gamma_h = 1 + softplus(sharpening_h)
 
@@ -87,6 +91,10 @@ class ArithmeticHead(GroupedLinear):
         with torch.no_grad():
             self.bias.zero_()
             self.bias[:, -1] = -1.0
+            if self.init == "walk":  # the moves are steps K..-K: step s sits at index K - s
+                self.bias[0, self.reach - 1] = self.WALK_BIAS  # base pointer: +1
+                if self.bias.shape[0] > 1:
+                    self.bias[1, self.reach + 1] = self.WALK_BIAS  # end pointer: -1
             if hasattr(self, "sharpening"):
                 self.sharpening.zero_()
 
@@ -130,7 +138,9 @@ class PointerUnits(nn.Module):
         self.scorer = AttentionScorer(config, dim=hidden_size)
         # "shift": per unit, logits of the 2K + 1 steps, the gate g_t and the sharpening gamma_t.
         self.arithmetic_head = (
-            ArithmeticHead(units, hidden_size, self.shift_range) if self.pointer_update == "shift" else None
+            ArithmeticHead(units, hidden_size, self.shift_range, config.shift_init)
+            if self.pointer_update == "shift"
+            else None
         )
         self._compiled_step = None
 

@@ -83,6 +83,20 @@ def test_open_shift_gate_walks_one_slot_per_step_at_any_length():
     assert walk.amax(dim=-1).min() > 0.999
 
 
+def test_walk_init_starts_the_base_pointer_forward_and_the_end_pointer_backward():
+    memory = tiny(pointer_update="shift", shift_init="walk", address_bits=10, decoder_input_size=0)
+    head = memory.pointer_units.arithmetic_head
+    assert torch.equal(head.bias, torch.tensor([[2.0, 0, 0, -1], [0, 0, 2, -1]]))  # moves +1, 0, -1, attend
+    assert torch.equal(head.weight, torch.zeros_like(head.weight))  # the moves do not depend on h^a_t yet
+    slots, steps = 40, 12
+    out = memory(torch.randn(3, slots, 8), num_steps=steps, output_attentions=True)
+    base, end = out.address_attentions[:, :, 0], out.address_attentions[:, :, 1]  # (batch, steps, slots)
+    torch.testing.assert_close(base.argmax(-1), torch.arange(1, steps + 1).expand(3, -1))
+    torch.testing.assert_close(end.argmax(-1), torch.arange(slots - 2, slots - 2 - steps, -1).expand(3, -1))
+    uniform = tiny(pointer_update="shift", address_bits=10, decoder_input_size=0).pointer_units.arithmetic_head
+    assert torch.equal(uniform.bias, torch.tensor([[0.0, 0, 0, -1]]).expand(2, -1))
+
+
 @pytest.mark.parametrize("options", [{"pointer_update": "shift"}, {"address_distractors": 6}])
 def test_variants_keep_principle_two(options):
     memory = tiny(**options).train()
@@ -134,6 +148,8 @@ def test_distractors_take_weight_in_training_only():
         ({"shift_range": 0}, "shift_range"),
         ({"address_distractors": -1}, "address_distractors"),
         ({"pointer_update": "shift", "address_distractors": 4}, "address_distractors"),
+        ({"pointer_update": "shift", "shift_init": "forward"}, "shift_init"),
+        ({"shift_init": "walk"}, "shift_init"),  # only pointer_update="shift" has moves to start
     ],
 )
 def test_variant_config_errors_name_the_field(options, field):
@@ -159,3 +175,10 @@ def test_hf_model_starts_the_shift_head_at_its_documented_init(tmp_path):
     loaded = PanmForSeq2SeqLM.from_pretrained(tmp_path)
     assert loaded.config.pointer_update == "shift" and loaded.config.shift_range == 2
     assert torch.equal(loaded.panm.pointer_units.arithmetic_head.bias, head.bias)
+    walk = PanmForSeq2SeqLM(PanmConfig(**{**config.to_dict(), "shift_init": "walk"}))
+    walk_bias = walk.panm.pointer_units.arithmetic_head.bias  # K = 2: moves +2, +1, 0, -1, -2, attend
+    assert torch.equal(walk_bias, torch.tensor([[0.0, 2, 0, 0, 0, -1], [0, 0, 0, 2, 0, -1]]))
+    walk.save_pretrained(tmp_path / "walk")
+    loaded = PanmForSeq2SeqLM.from_pretrained(tmp_path / "walk")
+    assert loaded.config.shift_init == "walk"
+    assert torch.equal(loaded.panm.pointer_units.arithmetic_head.bias, walk_bias)

@@ -41,7 +41,8 @@ from scan_prompts import encode, greedy_responses, scan_markdown, scan_tokenizer
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
 from panm_hf import PanmForCausalLM
-from panm_hf.configuration_panm import CAUSAL_MEMORIES
+from panm_hf.configuration_panm import CAUSAL_MEMORIES, EOS_DECISIONS
+from panm_hf.memory_config import SHIFT_INITS
 from panm_hf.pipelines.scan_data import load_cutoff_split, score
 from research.algorithmic import NUM_TOKENS, make_batch
 
@@ -97,10 +98,13 @@ def build(
     backbone_type: str = "gpt2",
     causal_memory: str = "sequence",
     ids: dict | None = None,
+    shift_init: str = "uniform",
+    eos_decision: str = "shared",
 ):
     """The backbone (GPT-2: learned absolute positions; Llama: rotary positions), alone or wrapped with PANM
     whose memory is `causal_memory` (every token so far, or the prompt); `ids`: the vocabulary size and the
-    special token ids (default: the algorithmic tasks')."""
+    special token ids (default: the algorithmic tasks'); `shift_init`: the `panm_shift` model's starting moves;
+    `eos_decision`: who decides EOS in the PANM models."""
     torch.manual_seed(seed)
     ids = ALGORITHMIC_IDS if ids is None else ids
     if backbone_type == "llama":
@@ -115,6 +119,8 @@ def build(
         pointer_update=MODELS[name],
         address_bits=address_bits,
         causal_memory=causal_memory,
+        shift_init=shift_init if MODELS[name] == "shift" else "uniform",
+        eos_decision=eos_decision,
         **SIZES[size]["panm"],
     )
 
@@ -207,7 +213,8 @@ def algorithmic_runs(args, size: str) -> dict:
     results = {"train_length": args.train_length, "test_lengths": lengths, "models": {}}
     for name in args.models:
         print(f"== {name}", flush=True)
-        model = build(name, size, args.seed, args.address_bits, args.backbone, args.causal_memory)
+        model = build(name, size, args.seed, args.address_bits, args.backbone, args.causal_memory,
+                      shift_init=args.shift_init, eos_decision=args.eos_decision)
         run = train(model, args, torch.Generator().manual_seed(args.seed))
         run["parameters"] = sum(p.numel() for p in model.parameters())
         run["token_accuracy"], run["sequence_accuracy"], run["pointer_hits"] = {}, {}, {}
@@ -240,7 +247,8 @@ def scan_runs(args, size: str) -> dict:
 
     for name in args.models:
         print(f"== {name}", flush=True)
-        model = build(name, size, args.seed, args.address_bits, args.backbone, args.causal_memory, ids)
+        model = build(name, size, args.seed, args.address_bits, args.backbone, args.causal_memory, ids, args.shift_init,
+                      args.eos_decision)
         run = train(model, args, torch.Generator().manual_seed(args.seed), sample)
         run["parameters"] = sum(p.numel() for p in model.parameters())
         started = time.perf_counter()
@@ -266,6 +274,10 @@ def parse_arguments(argv: list[str]) -> argparse.Namespace:
                         help="PANM's memory: every token so far (sequence) or the prompt, BOS x SEP or SCAN's "
                              "command SEP (prompt)")
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    parser.add_argument("--shift_init", "--shift-init", default="uniform", choices=list(SHIFT_INITS),
+                        help="panm_shift's starting moves: uniform, or walk (base pointer +1, end pointer -1)")
+    parser.add_argument("--eos_decision", "--eos-decision", default="shared", choices=list(EOS_DECISIONS),
+                        help="the PANM models' EOS logit: from what the LM head reads (shared) or PANM alone (panm)")
     parser.add_argument("--backbone", default="gpt2", choices=["gpt2", "llama"],
                         help="gpt2: learned absolute positions (the issue's example); llama: rotary positions")
     parser.add_argument("--train-length", type=int, default=9, help="L: training lengths are 1..L")
