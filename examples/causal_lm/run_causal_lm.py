@@ -8,7 +8,8 @@ config is trained on ``l`` in ``1..L`` for the same number of steps per model (`
 ``--time_budget`` adds an optional wall-clock cap), then prompted with ``BOS x SEP`` and decoded
 greedily (with the cache) for ``l`` tokens at longer test lengths. Models: the backbone alone
 (``backbone``), the same backbone wrapped by `PanmForCausalLM` with the paper's Pointer Unit
-(``panm``) and with content-free pointer arithmetic (``panm_shift``, `pointer_update="shift"`).
+(``panm``) and with content-free pointer arithmetic (``panm_shift``, `pointer_update="shift"`, its
+pointers starting by walking the prompt: ``--shift_init walk``, the default here; ``uniform`` is the library's).
 ``--causal_memory`` picks PANM's memory: every token so far (``sequence``) or the prompt
 (``prompt``, the seq2seq framing: the pointers start at ``BOS`` and ``SEP``).
 
@@ -98,7 +99,7 @@ def build(
     backbone_type: str = "gpt2",
     causal_memory: str = "sequence",
     ids: dict | None = None,
-    shift_init: str = "uniform",
+    shift_init: str = "walk",
     eos_decision: str = "shared",
 ):
     """The backbone (GPT-2: learned absolute positions; Llama: rotary positions), alone or wrapped with PANM
@@ -274,8 +275,9 @@ def parse_arguments(argv: list[str]) -> argparse.Namespace:
                         help="PANM's memory: every token so far (sequence) or the prompt, BOS x SEP or SCAN's "
                              "command SEP (prompt)")
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
-    parser.add_argument("--shift_init", "--shift-init", default="uniform", choices=list(SHIFT_INITS),
-                        help="panm_shift's starting moves: uniform, or walk (base pointer +1, end pointer -1)")
+    parser.add_argument("--shift_init", "--shift-init", default="walk", choices=list(SHIFT_INITS),
+                        help="panm_shift's starting moves: walk (base pointer +1, end pointer -1; measured best, "
+                             "docs/results/causal_lm.md) or uniform (the library's default)")
     parser.add_argument("--eos_decision", "--eos-decision", default="shared", choices=list(EOS_DECISIONS),
                         help="the PANM models' EOS logit: from what the LM head reads (shared) or PANM alone (panm)")
     parser.add_argument("--backbone", default="gpt2", choices=["gpt2", "llama"],
