@@ -21,7 +21,7 @@ def load_curve(run_dir: Path) -> tuple[str, list[dict]]:
     (curve,) = [result["curve"] for result in summary["results"].values()]
     if not curve:
         raise ValueError(f"{path} has no curve; train with --eval_every N.")
-    return run_dir.name, curve
+    return f"{run_dir.parent.name}/{run_dir.name}", curve
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -49,6 +49,9 @@ def main(argv: list[str] | None = None) -> None:
     axes[0].legend(fontsize=7)
     figure.tight_layout()
     figure.savefig(args.output, dpi=110)
+    from PIL import Image  # matplotlib's own dependency: a 256-colour palette makes the file a third as large
+
+    Image.open(args.output).convert("RGB").quantize(colors=256).save(args.output, optimize=True)
 
 
 if __name__ == "__main__":
