@@ -78,6 +78,11 @@ class PanmPreTrainedModel(PreTrainedModel):
                 "deciding the end-of-sequence logit is an option of PanmForSeq2SeqLM and PanmForCausalLM."
             )
 
+    def _eos_token_ids(self, device: torch.device) -> torch.Tensor:
+        """`config.eos_token_id` as a `(num_eos,)` tensor: the logits `eos_decision="panm"` takes from PANM."""
+        eos = self.config.eos_token_id
+        return torch.as_tensor(eos if isinstance(eos, list) else [eos], device=device)
+
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
         """`PreTrainedModel.from_pretrained` for a saved PANM model.
@@ -378,8 +383,7 @@ class PanmForSeq2SeqLM(PanmPreTrainedModel, GenerationMixin):
         (`eos_decision="panm"`): the LM head's EOS rows applied to the Controller's output."""
         states = panm_output.undropped_hidden_states
         states = panm_output.hidden_states if states is None else states  # (batch, tgt_len, decoder_dim)
-        eos = self.config.eos_token_id
-        eos_ids = torch.as_tensor(eos if isinstance(eos, list) else [eos], device=logits.device)  # (num_eos,)
+        eos_ids = self._eos_token_ids(logits.device)  # (num_eos,)
         eos_logits = self._logits(states.to(logits.dtype), eos_ids)  # (batch, tgt_len, num_eos)
         return logits.index_copy(-1, eos_ids, eos_logits)  # (batch, tgt_len, vocab)
 

@@ -392,8 +392,7 @@ class PanmForCausalLM(PanmPreTrainedModel, GenerationMixin):
         positions PANM decodes (`eos_decision="panm"`); elsewhere (the prompt, padding) they stay the backbone's."""
         states = panm_output.undropped_hidden_states
         states = panm_hidden if states is None else states  # (batch, new, dim)
-        eos = self.config.eos_token_id
-        eos_ids = torch.as_tensor(eos if isinstance(eos, list) else [eos], device=logits.device)  # (num_eos,)
+        eos_ids = self._eos_token_ids(logits.device)  # (num_eos,)
         head = get_path(self.backbone, self.parts.lm_head)
         bias = head.bias.index_select(0, eos_ids) if head.bias is not None else None
         eos_logits = torch.nn.functional.linear(states.to(logits.dtype), head.weight.index_select(0, eos_ids), bias)
