@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from run_causal_lm import BOS, PAD, SEP, lm_batch
+from run_causal_lm import BOS, PAD, SEP, build, lm_batch
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -49,7 +49,7 @@ def test_prompt_memory_models_train_equal_steps_and_report_pointer_hits():
     """`--causal_memory prompt`: PANM's memory is the prompt `BOS x SEP`; every model trains `--max_steps` steps."""
     from types import SimpleNamespace
 
-    from run_causal_lm import build, pointer_hits, train
+    from run_causal_lm import pointer_hits, train
 
     model = build("panm_shift", "smoke", 0, 6, "llama", "prompt")
     assert model.config.causal_memory == "prompt" and model.config.pointer_update == "shift"
@@ -73,3 +73,26 @@ def test_smoke_run_with_the_prompt_as_memory(tmp_path):
     assert results["causal_memory"] == "prompt" and results["task"] == "reverse"
     assert {run["steps"] for run in results["models"].values()} == {3}  # equal steps, not equal wall clock
     assert set(results["models"]["panm"]["pointer_hits"]["5"]) == {"unit0", "unit1", "mode2"}
+
+
+def test_mistral_backbone_attends_to_its_last_window_tokens_and_caches_the_same():
+    """`--backbone mistral`: Llama's sizes with a sliding window. A token `sliding_window` or more places back
+    leaves the backbone's last logits unchanged (a nearer one does not), and with the prompt as PANM's memory,
+    cached greedy generation equals the uncached."""
+    backbone = build("backbone", "smoke", 0, 6, "mistral", sliding_window=4).eval()
+    assert backbone.config.sliding_window == 4
+    input_ids = torch.randint(0, 10, (2, 12), generator=torch.Generator().manual_seed(0))
+
+    def last_logits_move(position: int) -> bool:
+        changed = input_ids.clone()
+        changed[:, position] = (changed[:, position] + 1) % 10
+        with torch.no_grad():
+            return not torch.equal(backbone(input_ids).logits[:, -1], backbone(changed).logits[:, -1])
+
+    assert [last_logits_move(position) for position in (7, 8, 11)] == [False, True, True]
+    model = build("panm_shift", "smoke", 0, 6, "mistral", "prompt", sliding_window=4).eval()
+    torch.nn.init.normal_(model.panm.controller.output_mlp[-1].weight)  # PANM starts as the backbone: wake it
+    prompt = input_ids[:, :6]
+    cached = model.generate(prompt, max_new_tokens=10, do_sample=False, eos_token_id=None)
+    uncached = model.generate(prompt, max_new_tokens=10, do_sample=False, eos_token_id=None, use_cache=False)
+    assert cached.shape == (2, 16) and torch.equal(cached, uncached)

@@ -39,7 +39,7 @@ from pathlib import Path
 
 import torch
 from scan_prompts import encode, greedy_responses, scan_markdown, scan_tokenizer
-from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
 
 from panm_hf import PanmForCausalLM
 from panm_hf.configuration_panm import CAUSAL_MEMORIES, EOS_DECISIONS
@@ -101,8 +101,10 @@ def build(
     ids: dict | None = None,
     shift_init: str = "walk",
     eos_decision: str = "shared",
+    sliding_window: int = 24,
 ):
-    """The backbone (GPT-2: learned absolute positions; Llama: rotary positions), alone or wrapped with PANM
+    """The backbone (GPT-2: learned absolute positions; Llama: rotary positions; Mistral: Llama's with its
+    self-attention limited to the last `sliding_window` tokens), alone or wrapped with PANM
     whose memory is `causal_memory` (every token so far, or the prompt); `ids`: the vocabulary size and the
     special token ids (default: the algorithmic tasks'); `shift_init`: the `panm_shift` model's starting moves;
     `eos_decision`: who decides EOS in the PANM models."""
@@ -110,6 +112,11 @@ def build(
     ids = ALGORITHMIC_IDS if ids is None else ids
     if backbone_type == "llama":
         backbone = LlamaForCausalLM(LlamaConfig(**ids, **SIZES[size]["llama"]))
+    elif backbone_type == "mistral":  # Llama's sizes; every head its own key and value, as in Llama
+        sizes = SIZES[size]["llama"]
+        config = MistralConfig(**ids, **sizes, num_key_value_heads=sizes["num_attention_heads"],
+                               sliding_window=sliding_window)  # fmt: skip
+        backbone = MistralForCausalLM(config)
     else:
         config = GPT2Config(**ids, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, **SIZES[size]["gpt2"])
         backbone = GPT2LMHeadModel(config)
@@ -215,7 +222,7 @@ def algorithmic_runs(args, size: str) -> dict:
     for name in args.models:
         print(f"== {name}", flush=True)
         model = build(name, size, args.seed, args.address_bits, args.backbone, args.causal_memory,
-                      shift_init=args.shift_init, eos_decision=args.eos_decision)
+                      shift_init=args.shift_init, eos_decision=args.eos_decision, sliding_window=args.sliding_window)
         run = train(model, args, torch.Generator().manual_seed(args.seed))
         run["parameters"] = sum(p.numel() for p in model.parameters())
         run["token_accuracy"], run["sequence_accuracy"], run["pointer_hits"] = {}, {}, {}
@@ -249,7 +256,7 @@ def scan_runs(args, size: str) -> dict:
     for name in args.models:
         print(f"== {name}", flush=True)
         model = build(name, size, args.seed, args.address_bits, args.backbone, args.causal_memory, ids, args.shift_init,
-                      args.eos_decision)
+                      args.eos_decision, args.sliding_window)
         run = train(model, args, torch.Generator().manual_seed(args.seed), sample)
         run["parameters"] = sum(p.numel() for p in model.parameters())
         started = time.perf_counter()
@@ -280,8 +287,11 @@ def parse_arguments(argv: list[str]) -> argparse.Namespace:
                              "docs/results/causal_lm.md) or uniform (the library's default)")
     parser.add_argument("--eos_decision", "--eos-decision", default="shared", choices=list(EOS_DECISIONS),
                         help="the PANM models' EOS logit: from what the LM head reads (shared) or PANM alone (panm)")
-    parser.add_argument("--backbone", default="gpt2", choices=["gpt2", "llama"],
-                        help="gpt2: learned absolute positions (the issue's example); llama: rotary positions")
+    parser.add_argument("--backbone", default="gpt2", choices=["gpt2", "llama", "mistral"],
+                        help="gpt2: learned absolute positions (the issue's example); llama: rotary positions; "
+                        "mistral: rotary positions and a sliding window (--sliding_window)")
+    parser.add_argument("--sliding_window", "--sliding-window", type=int, default=24,
+                        help="mistral: how many tokens each self-attention query sees (itself included)")
     parser.add_argument("--train-length", type=int, default=9, help="L: training lengths are 1..L")
     parser.add_argument("--test-lengths", type=int, nargs="+", default=None, help="default L, L+1, 2(L+1), 4(L+1)")
     parser.add_argument("--data_dir", "--data-dir", default="../shared/data/scan",
