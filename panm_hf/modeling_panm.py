@@ -78,6 +78,12 @@ class PanmPreTrainedModel(PreTrainedModel):
                 "deciding the end-of-sequence logit is an option of PanmForSeq2SeqLM and PanmForCausalLM."
             )
 
+    def _lm_head_rows(self, states: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
+        """The backbone's LM head applied with only the rows of `token_ids`: `(..., dim)` -> `(..., tokens)`."""
+        head = get_path(self.backbone, self.parts.lm_head)
+        bias = head.bias.index_select(0, token_ids) if head.bias is not None else None
+        return nn.functional.linear(states, head.weight.index_select(0, token_ids), bias)
+
     def _eos_token_ids(self, device: torch.device) -> torch.Tensor:
         """`config.eos_token_id` as a `(num_eos,)` tensor: the logits `eos_decision="panm"` takes from PANM."""
         eos = self.config.eos_token_id
@@ -368,13 +374,11 @@ class PanmForSeq2SeqLM(PanmPreTrainedModel, GenerationMixin):
         """The LM head's logits `(batch, tgt_len, vocab)`, or only those of `token_ids` `(batch, tgt_len, tokens)`."""
         if self.parts.output_scale is not None:
             decoder_states = decoder_states * self.parts.output_scale(self.config.text_config)
-        head = get_path(self.backbone, self.parts.lm_head)
         bias = get_path(self.backbone, self.parts.final_logits_bias)  # (1, vocab) where the backbone has one
         if token_ids is None:
-            logits = head(decoder_states)
+            logits = get_path(self.backbone, self.parts.lm_head)(decoder_states)
         else:  # the head's rows for these tokens only
-            head_bias = head.bias.index_select(0, token_ids) if head.bias is not None else None
-            logits = nn.functional.linear(decoder_states, head.weight.index_select(0, token_ids), head_bias)
+            logits = self._lm_head_rows(decoder_states, token_ids)
             bias = bias.to(logits.device).index_select(-1, token_ids) if bias is not None else None
         return logits + bias.to(logits.device) if bias is not None else logits
 

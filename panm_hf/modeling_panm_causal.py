@@ -393,9 +393,7 @@ class PanmForCausalLM(PanmPreTrainedModel, GenerationMixin):
         states = panm_output.undropped_hidden_states
         states = panm_hidden if states is None else states  # (batch, new, dim)
         eos_ids = self._eos_token_ids(logits.device)  # (num_eos,)
-        head = get_path(self.backbone, self.parts.lm_head)
-        bias = head.bias.index_select(0, eos_ids) if head.bias is not None else None
-        eos_logits = torch.nn.functional.linear(states.to(logits.dtype), head.weight.index_select(0, eos_ids), bias)
+        eos_logits = self._lm_head_rows(states.to(logits.dtype), eos_ids)  # (batch, new, num_eos)
         if steps is not None:  # (batch, new) bool where PANM decodes; None: at every new token
             eos_logits = torch.where(steps.unsqueeze(-1), eos_logits, logits.index_select(-1, eos_ids))
         return logits.index_copy(-1, eos_ids, eos_logits)  # (batch, new, vocab)

@@ -99,6 +99,8 @@ def test_bad_flags_are_refused_naming_the_flag():
         parse_arguments(["--task", "scan", "--eval-samples", "0"])
     with pytest.raises(ValueError, match="--max-train-samples"):
         parse_arguments(["--task", "scan", "--max_train_samples", "-1"])
+    with pytest.raises(ValueError, match="--sliding-window must be at least 1"):
+        parse_arguments(["--task", "scan", "--backbone", "mistral", "--sliding_window", "0"])
 
 
 @needs_data

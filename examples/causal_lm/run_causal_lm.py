@@ -318,7 +318,9 @@ def parse_arguments(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--output_dir", "--output-dir", default="outputs/causal_lm")
     parser.add_argument("--smoke", action="store_true", help="tiny models, a few steps, a few test samples")
     args = parser.parse_args(argv)
-    for flag in ("max_new_tokens", "eval_batch_size", "batch_size", "eval_samples", "max_train_samples"):
+    positive = ("max_new_tokens", "eval_batch_size", "batch_size", "eval_samples", "max_train_samples",
+                "sliding_window")
+    for flag in positive:
         value = getattr(args, flag)
         if value is not None and value < 1:
             optional = " (or left out for the default)" if flag in ("eval_samples", "max_train_samples") else ""
