@@ -25,6 +25,10 @@ backbone/PANM is the throughput ratio a purely compute-bound device would reach.
 Section "kernels" (CUDA only, not in the default `--sections`): the CUDA kernels one training step
 launches, per variant, from torch.profiler's device events, with their summed device time and the kernels that
 take most of it, and one cached generation step for seq2seq (`--length` sets L = T).
+`--compile MODE` (section train) times every model, backbone and PANM alike, under `torch.compile` (`default`,
+`reduce-overhead`, or the `cudagraphs` backend: the step replayed as CUDA graphs without Inductor's code
+generation), after one compiling step whose seconds, graphs and graph breaks the JSON records; `--variants`
+narrows the PANM variants.
 `--smoke` runs every section on tiny models in seconds (the CI test of this script).
 """
 
@@ -32,10 +36,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import platform
 import resource
 import subprocess
 import sys
+import time
 import warnings
 from pathlib import Path
 
@@ -165,30 +171,90 @@ VARIANTS = {"lstm": ["backbone", "panm"], "seq2seq": ["backbone", "panm-stack", 
             "qa": ["backbone", "panm"], "causal": ["backbone", "panm"]}
 
 
-def train_step(model, loss_fn, optimizer) -> None:
+def train_step(model, loss_fn, optimizer, mark_step: bool = False) -> None:
+    if mark_step:  # CUDA graphs (torch.compile's "reduce-overhead"): a new step may overwrite the last one's outputs
+        torch.compiler.cudagraph_mark_step_begin()
     loss = loss_fn(model)
     loss.backward()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
 
 
+GRAPHED = ("reduce-overhead", "cudagraphs")  # --compile modes that replay CUDA graphs
+
+
+class CudagraphSkips(logging.Handler):
+    """The reasons torch.compile gives for running a graph without CUDA graphs (its "cudagraphs" log)."""
+
+    def __init__(self):
+        super().__init__()
+        self.reasons: set[str] = set()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if "skipping cudagraphs" in message:
+            self.reasons.add(message.splitlines()[0][:200])
+
+
+def compiled_step_seconds(model, loss_fn, optimizer, mode: str, args) -> dict:
+    """Seconds per training step of `torch.compile(model, mode=mode)`, timed alone (CUDA graph trees of two models
+    interleaved step by step failed on torch 2.11), after three untimed steps (compile, warm-up, CUDA graph
+    recording) whose seconds it reports, with the graphs and graph breaks Dynamo reported and why CUDA graphs
+    skipped a graph."""
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    skips = CudagraphSkips()
+    log = logging.getLogger("torch._inductor.cudagraph_utils.__cudagraphs")
+    log.addHandler(skips)
+    try:
+        options = {"backend": "cudagraphs"} if mode == "cudagraphs" else {"mode": None if mode == "default" else mode}
+        step_model = torch.compile(model, **options)
+        run = lambda: train_step(step_model, loss_fn, optimizer, mark_step=mode in GRAPHED)  # noqa: E731
+        start = time.perf_counter()
+        for _ in range(3):
+            run()
+        compile_s = time.perf_counter() - start
+        step_s = time_interleaved({"step": run}, args.repeats, args.warmup, args.device)["step"]
+    finally:
+        log.removeHandler(skips)
+    counters = torch._dynamo.utils.counters
+    return {"step_s": step_s, "compile_s": compile_s, "graphs": counters["stats"]["unique_graphs"],
+            "graph_breaks": sum(counters["graph_break"].values()),
+            "break_reasons": sorted({reason.splitlines()[0][:160] for reason in counters["graph_break"]}),
+            "cudagraph_skips": counters["inductor"]["cudagraph_skips"], "cudagraph_skip_reasons": sorted(skips.reasons)}
+
+
 def bench_train(case: str, args) -> dict:
-    runs, tokens = {}, {}
+    runs, tokens, rows = {}, {}, {}
     for variant in VARIANTS[case]:
-        model, loss_fn, step_tokens = build_case(case, variant, args.device, size=args.size)
+        if args.variants and variant != "backbone" and variant not in args.variants.split(","):
+            continue
+        model, loss_fn, tokens[variant] = build_case(case, variant, args.device, size=args.size)
         model.train()
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-        runs[variant] = (lambda m=model, f=loss_fn, o=optimizer: train_step(m, f, o))
-        tokens[variant] = step_tokens
-    medians = time_interleaved(runs, args.repeats, args.warmup, args.device)
+        if not args.compile:
+            runs[variant] = (lambda m=model, f=loss_fn, o=optimizer: train_step(m, f, o))
+            continue
+        try:  # a failing compile is a result: recorded, the variant not timed
+            rows[variant] = compiled_step_seconds(model, loss_fn, optimizer, args.compile, args)
+        except Exception as error:  # noqa: BLE001
+            rows[variant] = {"compile_error": f"{type(error).__name__}: {str(error)[:300]}"}
+        del model, optimizer
+        if args.device == "cuda":
+            torch.cuda.empty_cache()
+    for variant, seconds in time_interleaved(runs, args.repeats, args.warmup, args.device).items():
+        rows[variant] = {"step_s": seconds, "peak_memory_mb": peak_memory(case, variant, args)}
     result = {}
-    for variant, seconds in medians.items():
-        result[variant] = {"step_s": seconds, "tokens_per_s": tokens[variant] / seconds,
-                           "peak_memory_mb": peak_memory(case, variant, args)}
+    for variant, row in rows.items():
+        if "step_s" in row:
+            row["tokens_per_s"] = tokens[variant] / row["step_s"]
+        result[variant] = row
     base = result["backbone"]
     for row in result.values():
+        if "tokens_per_s" not in row or "tokens_per_s" not in base:
+            continue
         row["throughput_ratio"] = row["tokens_per_s"] / base["tokens_per_s"]
-        if row["peak_memory_mb"] and base["peak_memory_mb"]:
+        if row.get("peak_memory_mb") and base.get("peak_memory_mb"):
             row["memory_ratio"] = row["peak_memory_mb"] / base["peak_memory_mb"]
     return result
 
@@ -522,6 +588,17 @@ def per_case(bench, args, section: str, describe) -> dict:
     return results
 
 
+def describe_train(row: dict) -> str:
+    if "compile_error" in row:
+        return f"compile failed: {row['compile_error']}"
+    line = (f"{row['tokens_per_s']:10.0f} tok/s  ratio {row.get('throughput_ratio', float('nan')):.3f}  "
+            f"peak {row.get('peak_memory_mb') or 0:8.1f} MB  mem ratio {row.get('memory_ratio', float('nan')):.3f}")
+    if "compile_s" in row:
+        line += (f"  compiled in {row['compile_s']:.1f} s, {row['graphs']} graphs, {row['graph_breaks']} breaks, "
+                 f"{row['cudagraph_skips']} cudagraph skips {row['cudagraph_skip_reasons']}")
+    return line
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -539,6 +616,12 @@ def main() -> None:
                         default=None,
                         help="PanmMemoryConfig.recurrence_kernel for every PANM model (default: the config's, auto); "
                              "fused on CUDA runs the Triton kernel (the cost section always reports eager beside)")
+    parser.add_argument("--compile", choices=("default", "reduce-overhead", "cudagraphs"), default=None,
+                        help="section train: time every model under torch.compile with this mode (reduce-overhead: "
+                             "Inductor and CUDA graphs; cudagraphs: the backend of that name, CUDA graphs without "
+                             "Inductor), after one compiling step; RNN modules are traced (Dynamo's allow_rnn)")
+    parser.add_argument("--variants", default=None,
+                        help="section train: only these PANM variants (comma-separated; the backbone always runs)")
     parser.add_argument("--length", type=int, default=None,
                         help="section kernels: L = T for the lstm and seq2seq cases (default: the cases' own)")
     parser.add_argument("--memory-probe", nargs=3, metavar=("CASE", "VARIANT", "SIZE"), help=argparse.SUPPRESS)
@@ -546,6 +629,8 @@ def main() -> None:
     global RECURRENCE_KERNEL
     RECURRENCE_KERNEL = args.recurrence_kernel
     args.size = "smoke" if args.smoke else "full"
+    if args.compile:  # nn.GRU / nn.LSTM (the Controller on cuDNN, the LSTM case) break the graph unless traced
+        torch._dynamo.config.allow_rnn = True
     if args.smoke:
         args.repeats, args.warmup, args.gen_repeats, args.new_tokens = 1, 1, 1, 4
     if args.threads:
@@ -555,12 +640,11 @@ def main() -> None:
         return
 
     report = {"device": torch.cuda.get_device_name() if args.device == "cuda" else platform.processor() or "cpu",
-              "threads": torch.get_num_threads(), "torch": torch.__version__, "command": " ".join(sys.argv)}
+              "threads": torch.get_num_threads(), "torch": torch.__version__, "command": " ".join(sys.argv),
+              "compile": args.compile}
     sections = args.sections.split(",")
     if "train" in sections:
-        report["train"] = per_case(bench_train, args, "train", lambda row: (
-            f"{row['tokens_per_s']:10.0f} tok/s  ratio {row['throughput_ratio']:.3f}  "
-            f"peak {row['peak_memory_mb'] or 0:8.1f} MB  mem ratio {row.get('memory_ratio', float('nan')):.3f}"))
+        report["train"] = per_case(bench_train, args, "train", describe_train)
     if "generate" in sections:
         report["generate"] = bench_generate(args)
         for name, rows in report["generate"].items():

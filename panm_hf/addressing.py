@@ -8,9 +8,9 @@ eventually seen; at evaluation it is 0. Pure functions, batch-first, no loops.
 
 from __future__ import annotations
 
-import functools
-
 import torch
+
+from .memo import traced_cache
 
 # Up to this many bits `address_codes` reads codes from a table of all 2^b codes (2^16 x 16 values at most).
 TABLE_BITS = 16
@@ -30,7 +30,7 @@ def binary_codes(addresses: torch.Tensor, bits: int) -> torch.Tensor:
     return ((addresses.unsqueeze(-1) >> shifts) & 1).float()  # (..., bits)
 
 
-@functools.lru_cache(maxsize=16)
+@traced_cache
 def _code_table(bits: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     with torch.inference_mode(False), torch.no_grad():  # a normal tensor, even if first built under inference
         return binary_codes(torch.arange(2**bits, device=device), bits).to(dtype)  # (2^bits, bits)

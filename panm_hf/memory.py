@@ -9,7 +9,6 @@ Imports only torch.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, replace
 
 import torch
@@ -17,6 +16,7 @@ from torch import nn
 
 from .addressing import address_codes, check_capacity, sample_base_address, sample_distractor_addresses
 from .controller import Controller
+from .memo import traced_cache
 from .memory_config import PanmMemoryConfig
 from .pointer_unit import PointerUnits
 from .reads import DecoderContentReader, Mode2Reader, mode1_read
@@ -48,7 +48,7 @@ class PanmMemoryOutput:
     undropped_hidden_states: torch.Tensor | None = None
 
 
-@functools.lru_cache(maxsize=16)
+@traced_cache
 def _offset_numerators(num_pointer_units: int, device: torch.device) -> torch.Tensor:
     denominator = max(num_pointer_units - 1, 1)
     numerators = ([0, denominator] + list(range(1, num_pointer_units - 1)))[:num_pointer_units]

@@ -84,8 +84,24 @@ def candidate(op: str, call: Call) -> str:
 
 
 def _c_library_reason(call: Call) -> str | None:
-    library = load_library(DTYPES[call.dtype])
+    return _c_library_reason_for(DTYPES[call.dtype])
+
+
+@torch.compiler.assume_constant_result  # torch.compile reads it as a constant: no graph break at the first call
+def _c_library_reason_for(dtype_name: str) -> str | None:
+    library = load_library(dtype_name)
     return library if isinstance(library, str) else None
+
+
+@torch.compiler.assume_constant_result
+def triton_registration() -> str | None:
+    """`register_triton()`, read by torch.compile as a constant (Dynamo would trace the registration)."""
+    return register_triton()
+
+
+@torch.compiler.assume_constant_result
+def _triton_interpreted() -> bool:
+    return triton_interpreted()
 
 
 ANY = ("c", "triton", "cudnn")
@@ -107,8 +123,8 @@ FALLBACKS: tuple[tuple[tuple[str, ...], tuple[str, ...], Callable[[Call], bool],
     (OPS, ("c", "triton"), lambda c: c.dtype not in DTYPES,
      lambda c: f"no fused kernel for dtype {c.dtype} (float32 and float64 only)"),
     (OPS, ("c",), lambda c: _c_library_reason(c) is not None, _c_library_reason),
-    (OPS, ("triton",), lambda c: register_triton() is not None, lambda c: register_triton()),
-    (OPS, ("triton",), lambda c: c.device.type == "cpu" and not triton_interpreted(),
+    (OPS, ("triton",), lambda c: triton_registration() is not None, lambda c: triton_registration()),
+    (OPS, ("triton",), lambda c: c.device.type == "cpu" and not _triton_interpreted(),
      "on CPU tensors the Triton kernels run only under Triton's interpreter; set TRITON_INTERPRET=1 in the "
      "environment before triton (and panm_hf) is imported"),
 )  # fmt: skip

@@ -44,6 +44,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from ..memo import traced_cache
 from .source import SOURCE
 
 DTYPES = {torch.float32: "float32", torch.float64: "float64"}
@@ -111,7 +112,7 @@ _SIGNATURES = {
 }
 
 
-@functools.cache
+@traced_cache
 def load_library(dtype_name: str) -> ctypes.CDLL | str:
     """The compiled kernel for `"float32"` or `"float64"`, or a string saying why it is unavailable."""
     compiler = find_compiler()
@@ -138,7 +139,7 @@ def load_library(dtype_name: str) -> ctypes.CDLL | str:
     return library
 
 
-@functools.cache
+@traced_cache
 def register_triton() -> str | None:
     """Register the Triton ports (`triton_port`, `triton_shift`, `triton_gru`, `triton_reads`) as their ops' CUDA
     kernels, and as `panm_hf::<op>_triton` on every device (`pointer_recurrence_triton`, `shift_recurrence_triton`,

@@ -1,0 +1,84 @@
+"""torch.compile of a whole PANM training step (issue 35: capturing the step is the remedy for host-bound GPUs).
+
+A PANM seq2seq or QA step traces into one graph, with no graph break, under every kernel setting that runs on
+CPU (so `mode="reduce-overhead"` can replay it as one CUDA graph on a GPU), from the first call on; and the
+compiled step (AOTAutograd: the custom ops' fake and backward registrations) gives eager's loss and gradients.
+Dynamo must trace `nn.GRU` (`torch._dynamo.config.allow_rnn`), the Controller's cuDNN GRU on CUDA.
+"""
+
+import pytest
+import torch
+from conftest import TINY_PANM, VOCAB, _bart_like, activate_panm, make_inputs
+from transformers import BartConfig, BertConfig
+
+from panm_hf import PanmConfig, PanmForSeq2SeqLM
+from panm_hf.modeling_panm_qa import BertWithPanmForQuestionAnswering
+
+pytestmark = pytest.mark.smoke
+
+EXAMPLE_DESIGN = dict(placement="stack", panm_drop_path=0.5, content_read="decoder", pointer_update="shift")
+DESIGNS = {"replace": dict(placement="replace"), "stack": dict(placement="stack"), "example": EXAMPLE_DESIGN}
+
+
+def seq2seq(design: str, kernel: str) -> PanmForSeq2SeqLM:
+    torch.manual_seed(0)
+    config = PanmConfig(text_config=_bart_like(BartConfig), recurrence_kernel=kernel, **TINY_PANM,
+                        **DESIGNS[design])
+    return activate_panm(PanmForSeq2SeqLM(config))
+
+
+def seq2seq_loss(model):
+    input_ids, labels = make_inputs()
+    return lambda: model(input_ids=input_ids, labels=labels).loss
+
+
+def qa_loss(kernel: str):
+    torch.manual_seed(0)
+    bert = BertConfig(vocab_size=VOCAB, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                      intermediate_size=32)
+    model = BertWithPanmForQuestionAnswering(PanmConfig(text_config=bert, recurrence_kernel=kernel, **TINY_PANM))
+    input_ids = torch.randint(4, VOCAB, (2, 9), generator=torch.Generator().manual_seed(0))
+    start, end = torch.tensor([1, 3]), torch.tensor([2, 6])
+    return lambda: model(input_ids=input_ids, start_positions=start, end_positions=end).loss
+
+
+def graph_breaks(loss) -> tuple[int, list[str]]:
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(allow_rnn=True):
+        explanation = torch._dynamo.explain(loss)()
+    return explanation.graph_break_count, [reason.reason.splitlines()[0] for reason in explanation.break_reasons]
+
+
+@pytest.mark.parametrize("kernel", ["auto", "eager"])
+@pytest.mark.parametrize("design", sorted(DESIGNS))
+def test_seq2seq_training_step_traces_as_one_graph(design, kernel):
+    model = seq2seq(design, kernel).train()
+    count, reasons = graph_breaks(seq2seq_loss(model))
+    assert count == 0, reasons
+
+
+@pytest.mark.parametrize("kernel", ["auto", "eager"])
+def test_qa_training_step_traces_as_one_graph(kernel):
+    count, reasons = graph_breaks(qa_loss(kernel))
+    assert count == 0, reasons
+
+
+@pytest.mark.parametrize("design", ["replace", "example"])
+def test_compiled_step_gives_eager_loss_and_gradients(design):
+    model = seq2seq(design, "auto").eval()  # eval: no dropout and base address 0, so both runs draw nothing
+    loss = seq2seq_loss(model)
+    eager = loss()
+    eager_grads = torch.autograd.grad(eager, list(model.parameters()), allow_unused=True)
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(allow_rnn=True):
+        compiled_model = torch.compile(model, backend="aot_eager", fullgraph=True)
+        compiled = seq2seq_loss(compiled_model)()
+    compiled_grads = torch.autograd.grad(compiled, list(model.parameters()), allow_unused=True)
+    assert torch.allclose(compiled, eager, atol=1e-6)
+    checked = 0
+    for ours, reference in zip(compiled_grads, eager_grads):
+        assert (ours is None) == (reference is None)
+        if reference is not None:
+            assert torch.allclose(ours, reference, atol=1e-5)
+            checked += 1
+    assert checked > 20  # the backbone's and PANM's parameters, not an empty comparison
