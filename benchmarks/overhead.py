@@ -27,8 +27,9 @@ launches, per variant, from torch.profiler's device events, with their summed de
 take most of it, and one cached generation step for seq2seq (`--length` sets L = T).
 `--compile MODE` (section train) times every model, backbone and PANM alike, under `torch.compile` (`default`,
 `reduce-overhead`, or the `cudagraphs` backend: the step replayed as CUDA graphs without Inductor's code
-generation), after one compiling step whose seconds, graphs and graph breaks the JSON records; `--variants`
-narrows the PANM variants.
+generation), each alone after three untimed steps whose seconds, graphs, graph breaks and CUDA-graph skips (with
+their reasons) the JSON records; the seq2seq batch then carries `decoder_input_ids`, as Trainer's collator makes
+them; `--variants` narrows the PANM variants.
 `--smoke` runs every section on tiny models in seconds (the CI test of this script).
 """
 
@@ -93,15 +94,17 @@ RECURRENCE_KERNEL: str | None = None  # --recurrence-kernel: PanmMemoryConfig.re
 
 # -- model/batch builders: each returns (model, loss_fn, step_tokens) ----------------------------------
 def build_case(case: str, variant: str, device: str, src_len: int | None = None, tgt_len: int | None = None,
-               size: str = "full"):
-    model, loss_fn, step_tokens = _build_case(case, variant, device, src_len, tgt_len, size)
+               size: str = "full", collated: bool = False):
+    """`collated=True`: the seq2seq batch carries `decoder_input_ids` as `DataCollatorForSeq2Seq` makes them, so the
+    model does not shift the labels itself (BART's shift writes a CPU scalar, which keeps CUDA graphs off)."""
+    model, loss_fn, step_tokens = _build_case(case, variant, device, src_len, tgt_len, size, collated)
     if RECURRENCE_KERNEL is not None:
         set_recurrence_kernel(model, RECURRENCE_KERNEL)
     return model, loss_fn, step_tokens
 
 
 def _build_case(case: str, variant: str, device: str, src_len: int | None = None, tgt_len: int | None = None,
-               size: str = "full"):
+                size: str = "full", collated: bool = False):
     sizes = SIZES[size]
     torch.manual_seed(0)
     if case == "lstm":
@@ -126,6 +129,8 @@ def _build_case(case: str, variant: str, device: str, src_len: int | None = None
         batch_size, vocab = sizes["seq2seq_batch"], config.vocab_size
         inputs = {"input_ids": torch.randint(4, vocab, (batch_size, src), generator=generator).to(device),
                   "labels": torch.randint(4, vocab, (batch_size, tgt), generator=generator).to(device)}
+        if collated:
+            inputs["decoder_input_ids"] = model.prepare_decoder_input_ids_from_labels(labels=inputs["labels"])
         return model.to(device), lambda m: m(**inputs).loss, batch_size * tgt
     if case == "qa":
         config = BertConfig(max_position_embeddings=512, **sizes["bert"])
@@ -229,7 +234,8 @@ def bench_train(case: str, args) -> dict:
     for variant in VARIANTS[case]:
         if args.variants and variant != "backbone" and variant not in args.variants.split(","):
             continue
-        model, loss_fn, tokens[variant] = build_case(case, variant, args.device, size=args.size)
+        model, loss_fn, tokens[variant] = build_case(case, variant, args.device, size=args.size,
+                                                     collated=args.compile is not None)
         model.train()
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
         if not args.compile:

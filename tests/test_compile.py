@@ -2,13 +2,15 @@
 
 A PANM seq2seq or QA step traces into one graph, with no graph break, under every kernel setting that runs on
 CPU (so `mode="reduce-overhead"` can replay it as one CUDA graph on a GPU), from the first call on; and the
-compiled step (AOTAutograd: the custom ops' fake and backward registrations) gives eager's loss and gradients.
+compiled step (AOTAutograd: the custom ops' fake and backward registrations) gives eager's loss and gradients; and
+a step makes no tensor without a device (a CPU tensor on a GPU run, which CUDA graphs skip).
 Dynamo must trace `nn.GRU` (`torch._dynamo.config.allow_rnn`), the Controller's cuDNN GRU on CUDA.
 """
 
 import pytest
 import torch
 from conftest import TINY_PANM, VOCAB, _bart_like, activate_panm, make_inputs
+from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import BartConfig, BertConfig
 
 from panm_hf import PanmConfig, PanmForSeq2SeqLM
@@ -61,6 +63,35 @@ def test_seq2seq_training_step_traces_as_one_graph(design, kernel):
 def test_qa_training_step_traces_as_one_graph(kernel):
     count, reasons = graph_breaks(qa_loss(kernel))
     assert count == 0, reasons
+
+
+FACTORIES = ("empty", "zeros", "ones", "full", "arange", "scalar_tensor", "lift_fresh", "rand", "randn", "randint")
+
+
+class DevicelessFactories(TorchDispatchMode):
+    """Records the tensor factories dispatched without a device: on a GPU they make CPU tensors (a copy to the
+    device each step, and a graph CUDA graphs must skip)."""
+
+    def __init__(self):
+        super().__init__()
+        self.names: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.__name__.split(".")[0] in FACTORIES and (kwargs or {}).get("device") is None:
+            self.names.append(func.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("design", sorted(DESIGNS))
+def test_training_step_makes_every_tensor_on_the_models_device(design):
+    model = seq2seq(design, "auto").train()
+    input_ids, labels = make_inputs()
+    decoder_input_ids = model.prepare_decoder_input_ids_from_labels(labels)  # as DataCollatorForSeq2Seq does
+    step = lambda: model(input_ids=input_ids, decoder_input_ids=decoder_input_ids, labels=labels).loss  # noqa: E731
+    step().backward()  # the first call fills the cached tables (built once, on the device)
+    with DevicelessFactories() as factories:
+        step().backward()
+    assert factories.names == []
 
 
 @pytest.mark.parametrize("design", ["replace", "example"])
