@@ -94,7 +94,7 @@ def _c_library_reason_for(dtype_name: str) -> str | None:
 
 
 @torch.compiler.assume_constant_result
-def triton_registration() -> str | None:
+def _triton_registration() -> str | None:
     """`register_triton()`, read by torch.compile as a constant (Dynamo would trace the registration)."""
     return register_triton()
 
@@ -123,7 +123,7 @@ FALLBACKS: tuple[tuple[tuple[str, ...], tuple[str, ...], Callable[[Call], bool],
     (OPS, ("c", "triton"), lambda c: c.dtype not in DTYPES,
      lambda c: f"no fused kernel for dtype {c.dtype} (float32 and float64 only)"),
     (OPS, ("c",), lambda c: _c_library_reason(c) is not None, _c_library_reason),
-    (OPS, ("triton",), lambda c: triton_registration() is not None, lambda c: triton_registration()),
+    (OPS, ("triton",), lambda c: _triton_registration() is not None, lambda c: _triton_registration()),
     (OPS, ("triton",), lambda c: c.device.type == "cpu" and not _triton_interpreted(),
      "on CPU tensors the Triton kernels run only under Triton's interpreter; set TRITON_INTERPRET=1 in the "
      "environment before triton (and panm_hf) is imported"),
