@@ -9,7 +9,8 @@
 #   6. the same with "triton" (throughput, kernels), kernels at L = T = 192, and "eager" last.
 # Usage: bash benchmarks/gpu_figures.sh [OUTPUT_DIR]   (default docs/results/gpu). Each part is bounded by
 # `timeout` and skipped once BUDGET seconds (default 540) have passed, so a slow part leaves the others' JSON;
-# the later parts (6) repeat figures the page already has and are the first the budget drops.
+# the later parts (6) repeat figures the page already has and are the first the budget drops. Every part's whole
+# output goes to $LOG (default $TMPDIR/gpu_figures.log): Dynamo's and CUDA graphs' warnings, tracebacks.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 DIR=${1:-docs/results/gpu}
@@ -17,10 +18,13 @@ mkdir -p "$DIR"
 PY=${PYTHON:-python3}
 BUDGET=${BUDGET:-540}
 START=$SECONDS
+LOG=${LOG:-${TMPDIR:-/tmp}/gpu_figures.log}  # every part's whole output (the lines shown are filtered)
+: > "$LOG"
 part() {  # part SECONDS COMMAND...: run COMMAND under `timeout`, unless the budget is spent
   local left=$((BUDGET - (SECONDS - START)))
   if ((left < 20)); then echo "skipped (budget spent): ${*:2}"; return; fi
-  timeout $(($1 < left ? $1 : left)) "${@:2}"
+  echo "== ${*:2}" >> "$LOG"
+  timeout $(($1 < left ? $1 : left)) "${@:2}" 2>&1 | tee -a "$LOG"
 }
 { nvidia-smi -L; $PY -c "import torch, transformers, triton; print(torch.__version__, transformers.__version__, triton.__version__)"; } \
   | tee "$DIR/device.txt"
@@ -48,3 +52,4 @@ throughput triton
 kernels triton lstm,seq2seq triton
 kernels auto seq2seq auto_seq2seq_L192 192  # where the length curve falls: which kernels take the time
 kernels eager lstm,seq2seq eager  # the step-by-step reference, last: the budget may skip it
+echo "whole output: $LOG"
