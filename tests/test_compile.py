@@ -3,10 +3,12 @@
 A PANM seq2seq or QA step traces into one graph, with no graph break, under every kernel setting that runs on
 CPU (so `mode="reduce-overhead"` can replay it as one CUDA graph on a GPU), from the first call on; and the
 compiled step (AOTAutograd: the custom ops' fake and backward registrations) gives eager's loss and gradients; and
-a step makes no tensor without a device (a CPU tensor on a GPU run, which CUDA graphs skip).
+a step makes no tensor without a device (a CPU tensor on a GPU run, which CUDA graphs skip); and Trainer's
+`torch_compile=True` trains it without a graph break.
 Dynamo must trace `nn.GRU` (`torch._dynamo.config.allow_rnn`), the Controller's cuDNN GRU on CUDA.
 """
 
+import numpy as np
 import pytest
 import torch
 from conftest import TINY_PANM, VOCAB, _bart_like, activate_panm, make_inputs
@@ -113,3 +115,32 @@ def test_compiled_step_gives_eager_loss_and_gradients(design):
             assert torch.allclose(ours, reference, atol=1e-5)
             checked += 1
     assert checked > 20  # the backbone's and PANM's parameters, not an empty comparison
+
+
+def test_trainer_torch_compile_trains_one_graph_without_breaks(tmp_path):
+    """Trainer's `torch_compile=True` (AOTAutograd's eager backend here: no C++ build in CI) trains PANM."""
+    from datasets import Dataset
+    from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments, default_data_collator
+
+    model = seq2seq("example", "auto")
+    generator = torch.Generator().manual_seed(0)
+    labels = torch.randint(4, VOCAB, (64, 6), generator=generator)  # (samples, target length)
+    data = Dataset.from_dict({
+        "input_ids": torch.randint(4, VOCAB, (64, 7), generator=generator).tolist(), "labels": labels.tolist(),
+        "decoder_input_ids": model.prepare_decoder_input_ids_from_labels(labels).tolist(),  # as the collator makes them
+    })  # fmt: skip
+    args = Seq2SeqTrainingArguments(
+        output_dir=str(tmp_path), per_device_train_batch_size=16, learning_rate=3e-3, max_steps=12, logging_steps=4,
+        save_strategy="no", report_to=[], use_cpu=True, seed=0, disable_tqdm=True, torch_compile=True,
+        torch_compile_backend="aot_eager",
+    )  # fmt: skip
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    with torch._dynamo.config.patch(allow_rnn=True):
+        trainer = Seq2SeqTrainer(model=model, args=args, train_dataset=data, data_collator=default_data_collator)
+        trainer.train()
+    losses = [row["loss"] for row in trainer.state.log_history if "loss" in row]
+    counters = torch._dynamo.utils.counters
+    assert counters["stats"]["unique_graphs"] >= 1  # it did compile
+    assert sum(counters["graph_break"].values()) == 0, dict(counters["graph_break"])
+    assert len(losses) == 3 and all(np.isfinite(losses)) and losses[-1] < losses[0]
