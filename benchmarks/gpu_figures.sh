@@ -28,7 +28,7 @@ part() {  # part SECONDS COMMAND...: run COMMAND under `timeout`, unless the bud
 }
 { nvidia-smi -L; $PY -c "import torch, transformers, triton; print(torch.__version__, transformers.__version__, triton.__version__)"; } \
   | tee "$DIR/device.txt"
-part 150 $PY -m pytest -q -p no:cacheprovider tests/test_cuda.py 2>&1 | tail -n 8 | tee "$DIR/test_cuda.txt"
+part 150 $PY -m pytest -q -p no:cacheprovider tests/test_cuda.py 2>&1 | tail -n 1 | tee -a "$DIR/device.txt"
 throughput() {  # throughput KERNEL
   part 120 $PY benchmarks/overhead.py --device cuda --sections train,generate --cases lstm,seq2seq,qa \
     --repeats 20 --recurrence-kernel $1 --output "$DIR/overhead_cuda_$1.json" 2>&1 | grep -E "train|generate"

@@ -117,6 +117,38 @@ def test_compiled_step_gives_eager_loss_and_gradients(design):
     assert checked > 20  # the backbone's and PANM's parameters, not an empty comparison
 
 
+def test_compiled_call_stores_no_graph_output_in_the_cached_tables():
+    """A compiled step computes a missing table in its graph and stores nothing: a stored graph output lives in a
+    CUDA graph's memory pool, which the next replay overwrites (the first H100 run of `reduce-overhead` failed
+    there)."""
+    from panm_hf.addressing import _code_table
+    from panm_hf.memory import _offset_numerators
+
+    model = seq2seq("example", "auto").eval()
+    loss = seq2seq_loss(model)
+    eager = loss().detach()
+    input_ids, labels = make_inputs()
+    returned = sum(isinstance(value, torch.Tensor) for value in model(input_ids=input_ids, labels=labels).values())
+    caches = (_code_table, _offset_numerators)
+    for cache in caches:
+        cache.cache_clear()
+    outputs = []
+
+    def count_outputs(graph_module, example_inputs):
+        outputs.append(len(next(node for node in graph_module.graph.nodes if node.op == "output").args[0]))
+        return graph_module
+
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(allow_rnn=True):
+        compiled = seq2seq_loss(torch.compile(model, backend=count_outputs, fullgraph=True))
+        first, second = compiled(), compiled()
+    assert outputs == [returned]  # one graph, compiled once, whose outputs are the model's (loss, logits, ...)
+    assert torch.allclose(first, eager, atol=1e-6) and torch.equal(first, second)
+    assert [cache.cache_size() for cache in caches] == [0, 0]  # nothing stored by the compiled calls
+    loss()
+    assert [cache.cache_size() for cache in caches] == [1, 1]  # an eager call fills them
+
+
 def test_trainer_torch_compile_trains_one_graph_without_breaks(tmp_path):
     """Trainer's `torch_compile=True` (AOTAutograd's eager backend here: no C++ build in CI) trains PANM."""
     from datasets import Dataset
