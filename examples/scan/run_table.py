@@ -68,8 +68,19 @@ DESIGNS = {
     # on the Multi30K design, and the whole decoder kept (`stack`) under SCAN's design; `_eos`: PANM decides EOS
     "panm_example_nope_window": ["--model", "panm", *SCAN_DECODER, *MULTI30K_DESIGN],
     "panm_example_nope_window_eos": ["--model", "panm", *SCAN_DECODER, *MULTI30K_DESIGN, "--eos_decision", "panm"],
+    # the same without drop-path (a training regulariser, not part of the model at inference): the Multi30K
+    # design's architecture trained as SCAN needs
+    "panm_example_nope_window_eos_dp0": [
+        "--model", "panm", *SCAN_DECODER, *MULTI30K_DESIGN, "--eos_decision", "panm", "--panm_drop_path", "0",
+    ],
     "panm_stack_nope_cr_window": ["--model", "panm", *SCAN_DECODER, *SCAN_STACK],
     "panm_stack_nope_cr_window_eos": ["--model", "panm", *SCAN_DECODER, *SCAN_STACK, "--eos_decision", "panm"],
+    # the Controller in place of the last decoder layer, that layer's input added back (`residual`): the LM head
+    # sees the 2-layer decoder's state z_t beside PANM's output (what Multi30K's vocabulary needs), PANM decides EOS
+    "panm_residual_nope_cr_window_eos": [
+        "--model", "panm", *SCAN_DECODER, "--content_read", "decoder", "--placement", "residual", "--eos_decision",
+        "panm",
+    ],
     "panm_stack_nope_cr_window_eos_dp": [
         "--model", "panm", *SCAN_DECODER, *SCAN_STACK, "--eos_decision", "panm", "--panm_drop_path", "0.5",
     ],
