@@ -3,7 +3,8 @@
 A PANM seq2seq or QA step traces into one graph, with no graph break, under every kernel setting that runs on
 CPU (so `mode="reduce-overhead"` can replay it as one CUDA graph on a GPU), from the first call on; and the
 compiled step (AOTAutograd: the custom ops' fake and backward registrations) gives eager's loss and gradients; and
-a step makes no tensor without a device (a CPU tensor on a GPU run, which CUDA graphs skip); and Trainer's
+a step makes no tensor without a device (a CPU tensor on a GPU run, which CUDA graphs skip); and a compiled step
+stores no graph output in the library's cached tables (CUDA graphs overwrite it); and Trainer's
 `torch_compile=True` trains it without a graph break.
 Dynamo must trace `nn.GRU` (`torch._dynamo.config.allow_rnn`), the Controller's cuDNN GRU on CUDA.
 """
@@ -119,8 +120,8 @@ def test_compiled_step_gives_eager_loss_and_gradients(design):
 
 def test_compiled_call_stores_no_graph_output_in_the_cached_tables():
     """A compiled step computes a missing table in its graph and stores nothing: a stored graph output lives in a
-    CUDA graph's memory pool, which the next replay overwrites (the first H100 run of `reduce-overhead` failed
-    there)."""
+    CUDA graph's memory pool, which the next replay overwrites (every PANM model failed there on the first H100 call
+    under CUDA graphs)."""
     from panm_hf.addressing import _code_table
     from panm_hf.memory import _offset_numerators
 

@@ -69,7 +69,7 @@ DESIGNS = {
     "panm_example_nope_window": ["--model", "panm", *SCAN_DECODER, *MULTI30K_DESIGN],
     "panm_example_nope_window_eos": ["--model", "panm", *SCAN_DECODER, *MULTI30K_DESIGN, "--eos_decision", "panm"],
     # the same without drop-path (a training regulariser, not part of the model at inference): the Multi30K
-    # design's architecture trained as SCAN needs
+    # design's architecture trained as SCAN needs (the later `--panm_drop_path` overrides MULTI30K_DESIGN's 0.5)
     "panm_example_nope_window_eos_dp0": [
         "--model", "panm", *SCAN_DECODER, *MULTI30K_DESIGN, "--eos_decision", "panm", "--panm_drop_path", "0",
     ],
