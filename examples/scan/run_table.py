@@ -40,6 +40,8 @@ MULTI30K_DESIGN = [
     "--placement", "stack", "--panm_drop_path", "0.5", "--content_read", "decoder", "--pointer_update", "shift",
     "--pointer_hidden_size", "128", "--controller_hidden_size", "128",
 ]  # fmt: skip
+# The library's default GRU widths (PanmMemoryConfig), spelled out so that the `_w256` rows keep their meaning.
+DEFAULT_WIDTHS = ["--pointer_hidden_size", "256", "--controller_hidden_size", "256"]
 SCAN_DECODER = ["--decoder_positions", "none", "--decoder_window", "24"]
 SCAN_STACK = ["--content_read", "decoder", "--placement", "stack"]
 # Named designs: the flags each adds to run_scan.py (docs/results/scan.md measures them).
@@ -72,6 +74,22 @@ DESIGNS = {
     # design's architecture trained as SCAN needs (the later `--panm_drop_path` overrides MULTI30K_DESIGN's 0.5)
     "panm_example_nope_window_eos_dp0": [
         "--model", "panm", *SCAN_DECODER, *MULTI30K_DESIGN, "--eos_decision", "panm", "--panm_drop_path", "0",
+    ],
+    # the same two at the library's default widths (256-wide GRUs, as every SCAN design above; the Multi30K
+    # design's 128 is translation's protocol): on SCAN the width, not `shift`, was most of the gap
+    "panm_example_nope_window_eos_w256": [
+        "--model", "panm", *SCAN_DECODER, *MULTI30K_DESIGN, "--eos_decision", "panm", *DEFAULT_WIDTHS,
+    ],
+    "panm_example_nope_window_eos_dp0_w256": [
+        "--model", "panm", *SCAN_DECODER, *MULTI30K_DESIGN, "--eos_decision", "panm", "--panm_drop_path", "0",
+        *DEFAULT_WIDTHS,
+    ],
+    # which GRU's width: the Pointer Units' (`_p256`) or the Controller's (`_c256`), the other at 128
+    "panm_example_nope_window_eos_p256": [
+        "--model", "panm", *SCAN_DECODER, *MULTI30K_DESIGN, "--eos_decision", "panm", *DEFAULT_WIDTHS[:2],
+    ],
+    "panm_example_nope_window_eos_c256": [
+        "--model", "panm", *SCAN_DECODER, *MULTI30K_DESIGN, "--eos_decision", "panm", *DEFAULT_WIDTHS[2:],
     ],
     "panm_stack_nope_cr_window": ["--model", "panm", *SCAN_DECODER, *SCAN_STACK],
     "panm_stack_nope_cr_window_eos": ["--model", "panm", *SCAN_DECODER, *SCAN_STACK, "--eos_decision", "panm"],
