@@ -290,23 +290,23 @@ def test_table_designs_do_not_depend_on_the_examples_defaults(tmp_path, design, 
 
 
 @pytest.mark.parametrize(
-    "design,widths",
+    "design,expected",
     [
-        ("panm_example_nope_window_eos", (128, 128)),
-        ("panm_example_nope_window_eos_w256", (256, 256)),
-        ("panm_example_nope_window_eos_p256", (256, 128)),
-        ("panm_example_nope_window_eos_c256", (128, 256)),
-        ("panm_nope_cr_window", (256, 256)),
+        ("panm_example_nope_window_eos", (128, 128, "shift", 0.5)),
+        ("panm_example_nope_window_eos_w256", (256, 256, "shift", 0.5)),
+        ("panm_example_nope_window_eos_p256", (256, 128, "shift", 0.5)),
+        ("panm_example_nope_window_eos_c256", (128, 256, "shift", 0.5)),
+        ("panm_example_nope_window_eos_dp0_w256", (256, 256, "shift", 0.0)),
+        ("panm_nope_cr_window", (256, 256, "attention", 0.0)),
     ],
 )
-def test_table_designs_set_the_gru_widths_they_name(tmp_path, design, widths):
+def test_table_designs_set_the_gru_widths_they_name(tmp_path, design, expected):
     """The Multi30K design's rows keep its 128-wide GRUs unless the row names a width; the later flag wins."""
     args = run_table.parse_arguments(["--output_dir", str(tmp_path)])
     _, panm_args, _, _ = run_scan.parse_arguments(run_table.command(design, 26, 0, args)[2:])
-    assert (panm_args.pointer_hidden_size, panm_args.controller_hidden_size) == widths
-    assert (panm_args.pointer_update, panm_args.panm_drop_path) == (
-        ("attention", 0.0) if design == "panm_nope_cr_window" else ("shift", 0.5)
-    )
+    actual = (panm_args.pointer_hidden_size, panm_args.controller_hidden_size, panm_args.pointer_update,
+              panm_args.panm_drop_path)  # fmt: skip
+    assert actual == expected
 
 
 @pytest.mark.smoke

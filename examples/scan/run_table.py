@@ -41,9 +41,12 @@ MULTI30K_DESIGN = [
     "--pointer_hidden_size", "128", "--controller_hidden_size", "128",
 ]  # fmt: skip
 # The library's default GRU widths (PanmMemoryConfig), spelled out so that the `_w256` rows keep their meaning.
-DEFAULT_WIDTHS = ["--pointer_hidden_size", "256", "--controller_hidden_size", "256"]
+WIDE_POINTER_UNITS = ["--pointer_hidden_size", "256"]
+WIDE_CONTROLLER = ["--controller_hidden_size", "256"]
 SCAN_DECODER = ["--decoder_positions", "none", "--decoder_window", "24"]
 SCAN_STACK = ["--content_read", "decoder", "--placement", "stack"]
+# The Multi30K design with SCAN's decoder and PANM deciding EOS: the base of the one-design rows below.
+MULTI30K_SCAN_EOS = ["--model", "panm", *SCAN_DECODER, *MULTI30K_DESIGN, "--eos_decision", "panm"]
 # Named designs: the flags each adds to run_scan.py (docs/results/scan.md measures them).
 DESIGNS = {
     "transformer": ["--model", "transformer", "--decoder_positions", "absolute"],
@@ -69,28 +72,19 @@ DESIGNS = {
     # one design for SCAN and Multi30K? (docs/results/scan.md#one-design-for-three-tasks): SCAN's decoder changes
     # on the Multi30K design, and the whole decoder kept (`stack`) under SCAN's design; `_eos`: PANM decides EOS
     "panm_example_nope_window": ["--model", "panm", *SCAN_DECODER, *MULTI30K_DESIGN],
-    "panm_example_nope_window_eos": ["--model", "panm", *SCAN_DECODER, *MULTI30K_DESIGN, "--eos_decision", "panm"],
+    "panm_example_nope_window_eos": MULTI30K_SCAN_EOS,
     # the same without drop-path (a training regulariser, not part of the model at inference): the Multi30K
     # design's architecture trained as SCAN needs (the later `--panm_drop_path` overrides MULTI30K_DESIGN's 0.5)
-    "panm_example_nope_window_eos_dp0": [
-        "--model", "panm", *SCAN_DECODER, *MULTI30K_DESIGN, "--eos_decision", "panm", "--panm_drop_path", "0",
-    ],
+    "panm_example_nope_window_eos_dp0": [*MULTI30K_SCAN_EOS, "--panm_drop_path", "0"],
     # the same two at the library's default widths (256-wide GRUs, as every SCAN design above; the Multi30K
     # design's 128 is translation's protocol): on SCAN the width, not `shift`, was most of the gap
-    "panm_example_nope_window_eos_w256": [
-        "--model", "panm", *SCAN_DECODER, *MULTI30K_DESIGN, "--eos_decision", "panm", *DEFAULT_WIDTHS,
-    ],
+    "panm_example_nope_window_eos_w256": [*MULTI30K_SCAN_EOS, *WIDE_POINTER_UNITS, *WIDE_CONTROLLER],
     "panm_example_nope_window_eos_dp0_w256": [
-        "--model", "panm", *SCAN_DECODER, *MULTI30K_DESIGN, "--eos_decision", "panm", "--panm_drop_path", "0",
-        *DEFAULT_WIDTHS,
+        *MULTI30K_SCAN_EOS, "--panm_drop_path", "0", *WIDE_POINTER_UNITS, *WIDE_CONTROLLER,
     ],
     # which GRU's width: the Pointer Units' (`_p256`) or the Controller's (`_c256`), the other at 128
-    "panm_example_nope_window_eos_p256": [
-        "--model", "panm", *SCAN_DECODER, *MULTI30K_DESIGN, "--eos_decision", "panm", *DEFAULT_WIDTHS[:2],
-    ],
-    "panm_example_nope_window_eos_c256": [
-        "--model", "panm", *SCAN_DECODER, *MULTI30K_DESIGN, "--eos_decision", "panm", *DEFAULT_WIDTHS[2:],
-    ],
+    "panm_example_nope_window_eos_p256": [*MULTI30K_SCAN_EOS, *WIDE_POINTER_UNITS],
+    "panm_example_nope_window_eos_c256": [*MULTI30K_SCAN_EOS, *WIDE_CONTROLLER],
     "panm_stack_nope_cr_window": ["--model", "panm", *SCAN_DECODER, *SCAN_STACK],
     "panm_stack_nope_cr_window_eos": ["--model", "panm", *SCAN_DECODER, *SCAN_STACK, "--eos_decision", "panm"],
     # the Controller in place of the last decoder layer, that layer's input added back (`residual`): the LM head
