@@ -16,6 +16,7 @@ import run_table
 import torch
 
 from panm_hf.pipelines import decoder_positions
+from panm_hf.pipelines.decoder_positions import ALIBI_ATTENTION
 from panm_hf.pipelines.decoder_positions import apply as apply_decoder_positions
 from panm_hf.pipelines.decoder_positions import randomise_decoder_positions, remove_decoder_positions
 from panm_hf.pipelines.scan_data import ScanSplit, cutoff_split, read_tasks, score, word_tokenizer
@@ -427,6 +428,17 @@ def test_stop_probe_reads_every_target_step_of_a_panm_model():
     assert features["is_end"].sum() == 3 and features["sequence"].tolist() == [0, 0, 0, 1, 1, 2, 2, 2, 2]
     # where the model reads: per decoder layer and head (BART keeps 1 layer with "replace"), and per Mode-2 head
     assert features["cross"].shape == (steps, 1 * 2 * 2) and features["mode2"].shape == (steps, 2 * 1)
+    # a decoder window lives in the attention function: the probe keeps it (the saved run's model, as decoded)
+    apply_decoder_positions(model, "absolute", window=1)
+    windowed = stop_probe.step_features(model, tokenizer, split, batch_size=2)
+    assert model.config._attn_implementation == ALIBI_ATTENTION and "cross" not in windowed
+    source = tokenizer(split.commands[:2], padding=True, return_tensors="pt")
+    target = tokenizer(split.actions[:2], padding=True, return_tensors="pt")
+    with torch.no_grad():
+        logits = model(**source, labels=target["input_ids"]).logits[target["attention_mask"].bool()]  # (5, vocab)
+    margin = logits[:, tokenizer.eos_token_id] - logits.index_fill(1, torch.tensor([tokenizer.eos_token_id]),
+                                                                   float("-inf")).amax(-1)  # fmt: skip
+    assert torch.allclose(windowed["logit_margin"][:5], margin, atol=1e-5)
     weights = torch.tensor([[[[0.0, 0.5, 0.5, 0.0], [0.0, 0.0, 0.0, 1.0]]]])  # (1, 1 head, 2 steps, 4 slots)
     position = stop_probe.read_position(weights, torch.tensor([[1, 1, 1, 0]]))  # the last real slot is 2
     assert position.tolist() == [[[0.5, 0.5], [0.0, -1.0]]]

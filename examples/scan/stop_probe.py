@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 from eos_oracle import load_run
 
+from panm_hf.pipelines.decoder_positions import ALIBI_ATTENTION
 from panm_hf.pipelines.scan_data import ScanSplit, load_cutoff_split
 
 FEATURE_SETS = {
@@ -58,7 +59,8 @@ def step_features(model, tokenizer, split: ScanSplit, batch_size: int = 256) -> 
     model), each with one row per (command, target step): `(steps, ...)`.
     """
     model.eval()
-    model.set_attn_implementation("eager")  # SDPA returns no attention weights
+    if model.config._attn_implementation != ALIBI_ATTENTION:  # keep a window's or ALiBi's attention function
+        model.set_attn_implementation("eager")  # SDPA returns no attention weights (nor does ALiBi's: no `cross`)
     rows: dict[str, list] = {}
     for start in range(0, len(split.commands), batch_size):
         source = tokenizer(split.commands[start : start + batch_size], padding=True, return_tensors="pt")
