@@ -68,11 +68,6 @@ class PanmConfig(PreTrainedConfig, PanmMemoryConfig):
             for that one logit only. In `PanmForCausalLM` it applies where PANM decodes (with
             `causal_memory="prompt"`, from the prompt's last token on; the prompt keeps the backbone's). The QA
             head accepts `"shared"` only.
-        backbone_drop_path (`float`, *optional*, defaults to 0.0):
-            with `placement="stack"`, the probability in training that a sample's LM head reads PANM's output
-            alone: the decoder's `z_t` is dropped from the sum `z_t + o_t` (the Controller still reads it), so
-            the Controller learns to carry the output by itself, as with `"replace"`. Never in evaluation.
-            Cannot be combined with `panm_drop_path` (a sample would have neither).
         **kwargs: the `PanmMemoryConfig` fields and `PreTrainedConfig`'s arguments.
     """
 
@@ -83,7 +78,6 @@ class PanmConfig(PreTrainedConfig, PanmMemoryConfig):
     placement: str = "stack"
     causal_memory: str = "sequence"
     eos_decision: str = "shared"
-    backbone_drop_path: float = 0.0
     pad_token_id: int | None = None
     bos_token_id: int | None = None
     eos_token_id: int | list[int] | None = None
@@ -139,15 +133,6 @@ class PanmConfig(PreTrainedConfig, PanmMemoryConfig):
             raise ValueError(
                 f"panm_drop_path={self.panm_drop_path} needs a backbone path beside PANM's output; with "
                 'placement="replace" there is none. Use placement="stack" or "residual", or panm_drop_path=0.'
-            )
-
-        if not 0.0 <= self.backbone_drop_path < 1.0:
-            raise ValueError(f"backbone_drop_path={self.backbone_drop_path} must be in [0, 1).")
-        if self.backbone_drop_path > 0 and (self.placement != "stack" or self.panm_drop_path > 0):
-            raise ValueError(
-                f"backbone_drop_path={self.backbone_drop_path} drops z_t from z_t + o_t, which only "
-                f'placement="stack" has (got {self.placement!r}), and not with panm_drop_path > 0 (got '
-                f"{self.panm_drop_path}): set one of them to 0."
             )
 
     def validate(self) -> None:

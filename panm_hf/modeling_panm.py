@@ -565,10 +565,6 @@ class PanmForSeq2SeqLM(PanmPreTrainedModel, GenerationMixin):
     def _combine(self, decoder_states: torch.Tensor, panm_states: torch.Tensor) -> torch.Tensor:
         """What the LM head reads: z_t plus PANM's output ("stack"), its post-LN sum ("residual"), or PANM's alone."""
         if self.config.placement == "stack":
-            drop = self.config.backbone_drop_path
-            if self.training and drop > 0:  # a sample's LM head reads o_t alone: the Controller carries the output
-                keep = torch.rand(decoder_states.shape[0], 1, 1, device=decoder_states.device) >= drop  # (batch, 1, 1)
-                decoder_states = decoder_states * keep.to(decoder_states.dtype)
             return decoder_states + panm_states.to(decoder_states.dtype)
         if self.config.placement == "residual":
             return self.output_norm(decoder_states + panm_states.to(decoder_states.dtype))

@@ -96,11 +96,6 @@ DESIGNS = {
     "panm_stack_nope_cr_window_eos_dp": [
         "--model", "panm", *SCAN_DECODER, *SCAN_STACK, "--eos_decision", "panm", "--panm_drop_path", "0.5",
     ],
-    # `stack` whose LM head reads PANM's output alone for half the samples in training (`--backbone_drop_path`):
-    # the Controller learns to carry the output, as with `replace`, and the decoder's last layer stays
-    "panm_stack_nope_cr_window_eos_bdp": [
-        "--model", "panm", *SCAN_DECODER, *SCAN_STACK, "--eos_decision", "panm", "--backbone_drop_path", "0.5",
-    ],
     # the controls: the same model with its Mode-1 and Mode-2 values zeroed from the first step (controls.py)
     "panm_nope_no_pointer_reads": ["--model", "panm", "--decoder_positions", "none", "--control", "no_pointer_reads"],
     "panm_nope_cr_no_pointer_reads": [

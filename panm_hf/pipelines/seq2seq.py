@@ -73,13 +73,6 @@ class ModelArguments:
             "every token) or panm (PANM's output alone, so PANM decides when to stop; see PanmConfig)."
         },
     )
-    backbone_drop_path: float = field(
-        default=0.0,
-        metadata={
-            "help": "With --placement stack: the probability in training that a sample's LM head reads PANM's "
-            "output alone (the decoder's z_t dropped from z_t + o_t; see PanmConfig)."
-        },
-    )
     vocab_size: int = field(default=8000, metadata={"help": "Joint BPE vocabulary size of the local tokenizer."})
     panm_weight_decay: float | None = field(
         default=None,
@@ -211,10 +204,7 @@ def backbone_config(model_args: ModelArguments, tokenizer, max_positions: int):
 def build_model(name: str, model_args: ModelArguments, panm_args: PanmMemoryConfig, config) -> PreTrainedModel:
     """Model `name` from a backbone config (random weights) or, when `config` is a path, from that checkpoint."""
     if isinstance(config, str):
-        overrides = {
-            "placement": model_args.placement, "eos_decision": model_args.eos_decision,
-            "backbone_drop_path": model_args.backbone_drop_path, **asdict(panm_args),
-        }  # fmt: skip
+        overrides = {"placement": model_args.placement, "eos_decision": model_args.eos_decision, **asdict(panm_args)}
         model = load_pretrained(name, config, overrides)
         if name == "panm":
             apply_control(model, model_args.control)
@@ -232,7 +222,7 @@ def build_model(name: str, model_args: ModelArguments, panm_args: PanmMemoryConf
     else:
         panm_config = PanmConfig(
             text_config=config.to_dict(), placement=model_args.placement, eos_decision=model_args.eos_decision,
-            backbone_drop_path=model_args.backbone_drop_path, **asdict(panm_args),
+            **asdict(panm_args),
         )
         model = PanmForSeq2SeqLM(panm_config)
         apply_control(model, model_args.control)  # the hook stays with the model for training and testing
