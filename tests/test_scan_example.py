@@ -16,9 +16,8 @@ import run_table
 import torch
 
 from panm_hf.pipelines import decoder_positions
-from panm_hf.pipelines.decoder_positions import ALIBI_ATTENTION
+from panm_hf.pipelines.decoder_positions import ALIBI_ATTENTION, randomise_decoder_positions, remove_decoder_positions
 from panm_hf.pipelines.decoder_positions import apply as apply_decoder_positions
-from panm_hf.pipelines.decoder_positions import randomise_decoder_positions, remove_decoder_positions
 from panm_hf.pipelines.scan_data import ScanSplit, cutoff_split, read_tasks, score, word_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]

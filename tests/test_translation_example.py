@@ -270,6 +270,14 @@ def test_controls_train_panm_without_its_pointers_or_reads():
         _, before, after = logits_before_and_after_moving(None, part)
         assert not torch.allclose(after, before)
 
+    # no_decoder_input: the GRU's z_t columns learn nothing, its reads' do; z_t still queries the content read
+    model, _, _ = logits_before_and_after_moving("no_decoder_input", "content read")
+    model.train()
+    model(**batch).loss.backward()
+    gru_grad = model.panm.controller.gru.weight_ih_l0.grad  # (3 * hidden, reads + d_model): z_t's columns last
+    assert not gru_grad[:, -text_config.d_model :].any() and gru_grad[:, : -text_config.d_model].any()
+    assert model.panm.content_reader.query.weight.grad.any()
+
     with pytest.raises(ValueError, match="--control must be one of"):
         validate_model_args(ModelArguments(control="no_pointers"))
     with pytest.raises(ValueError, match="--control applies to the PANM model"):

@@ -96,6 +96,11 @@ DESIGNS = {
     "panm_stack_nope_cr_window_eos_dp": [
         "--model", "panm", *SCAN_DECODER, *SCAN_STACK, "--eos_decision", "panm", "--panm_drop_path", "0.5",
     ],
+    # `panm_stack_nope_cr_window_eos` with its Controller GRU's z_t input zeroed (a control, controls.py): can the
+    # stop come from the reads and the Controller's own recurrence, without the decoder's state?
+    "panm_stack_nope_cr_window_eos_no_z": [
+        "--model", "panm", *SCAN_DECODER, *SCAN_STACK, "--eos_decision", "panm", "--control", "no_decoder_input",
+    ],
     # the controls: the same model with its Mode-1 and Mode-2 values zeroed from the first step (controls.py)
     "panm_nope_no_pointer_reads": ["--model", "panm", "--decoder_positions", "none", "--control", "no_pointer_reads"],
     "panm_nope_cr_no_pointer_reads": [

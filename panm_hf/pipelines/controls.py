@@ -13,6 +13,10 @@ The Pointer Units still run (their output is discarded) and get zero gradient.
 `no_reads`: every read is zeroed, the content read too. The Controller GRU then sees `z_t` alone
 (its `h^c_0` still pools the memory): PANM's branch as an extra recurrent layer with drop-path.
 
+`no_decoder_input`: the Controller GRU's `z_t` input is zeroed (what the decoder has written reaches PANM only
+through the decoder-queried content read, `content_read="decoder"`, whose query is `z_t`): does the stop decision
+need the decoder's state, or do the reads and the Controller's own recurrence make it?
+
 The control lives in a forward pre-hook, not in the saved weights: a saved control model scores as
 trained only with the same hook, which `ablate_reads.py` re-applies from the run's `results.json`.
 """
@@ -22,7 +26,20 @@ from __future__ import annotations
 import torch
 from torch.utils.hooks import RemovableHandle
 
-CONTROLS = ("no_pointer_reads", "no_reads")
+CONTROLS = ("no_pointer_reads", "no_reads", "no_decoder_input")
+
+
+def _controller(model: torch.nn.Module) -> torch.nn.Module:
+    """`model.panm.controller`; ValueError unless `model` is a PANM model whose Controller runs in one forward."""
+    panm = getattr(model, "panm", None)
+    if panm is None or not hasattr(panm, "controller"):
+        raise ValueError(f"--control needs a PANM model (got {type(model).__name__}); use --model panm or both.")
+    if panm.controller.content_reader is not None:
+        raise ValueError(
+            "--control cannot run with --content_read controller (the Controller then reads step "
+            "by step outside the hooked forward); use --content_read decoder or none."
+        )
+    return panm.controller
 
 
 def zero_reads(model: torch.nn.Module, *, include_content_read: bool = False) -> RemovableHandle:
@@ -33,14 +50,8 @@ def zero_reads(model: torch.nn.Module, *, include_content_read: bool = False) ->
         ValueError: `model` has no PANM memory, or its Controller reads with its own state
             (`content_read="controller"`, whose steps bypass `Controller.forward`).
     """
-    panm = getattr(model, "panm", None)
-    if panm is None or not hasattr(panm, "controller"):
-        raise ValueError(f"--control needs a PANM model (got {type(model).__name__}); use --model panm or both.")
-    if panm.controller.content_reader is not None:
-        raise ValueError(
-            "--control cannot run with --content_read controller (the Controller then reads step "
-            "by step outside the hooked forward); use --content_read decoder or none."
-        )
+    _controller(model)  # a PANM model whose Controller runs in one forward, or ValueError
+    panm = model.panm
     pointer_width = (panm.num_pointer_units + panm.num_mode2_heads) * panm.memory_dim
 
     def hook(module, inputs):
@@ -52,6 +63,21 @@ def zero_reads(model: torch.nn.Module, *, include_content_read: bool = False) ->
     return panm.controller.register_forward_pre_hook(hook)
 
 
+def zero_decoder_input(model: torch.nn.Module) -> RemovableHandle:
+    """Zero `z_t` where the Controller of `model.panm` takes it (its GRU input); returns the hook's handle.
+
+    Raises:
+        ValueError: as `zero_reads`.
+    """
+    controller = _controller(model)
+
+    def hook(module, inputs):
+        reads, decoder_states, *rest = inputs
+        return (reads, None if decoder_states is None else torch.zeros_like(decoder_states), *rest)
+
+    return controller.register_forward_pre_hook(hook)
+
+
 def validate_control(control: str | None) -> None:
     """ValueError naming `--control` unless it is one of `CONTROLS` or None."""
     if control is not None and control not in CONTROLS:
@@ -61,4 +87,8 @@ def validate_control(control: str | None) -> None:
 def apply_control(model: torch.nn.Module, control: str | None) -> RemovableHandle | None:
     """Apply `--control` (one of `CONTROLS`, or None for none) to a freshly built PANM model."""
     validate_control(control)
-    return None if control is None else zero_reads(model, include_content_read=control == "no_reads")
+    if control is None:
+        return None
+    if control == "no_decoder_input":
+        return zero_decoder_input(model)
+    return zero_reads(model, include_content_read=control == "no_reads")
