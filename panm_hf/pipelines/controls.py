@@ -23,14 +23,14 @@ trained only with the same hook, which `ablate_reads.py` re-applies from the run
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 from torch.utils.hooks import RemovableHandle
 
-CONTROLS = ("no_pointer_reads", "no_reads", "no_decoder_input")
 
-
-def _controller(model: torch.nn.Module) -> torch.nn.Module:
-    """`model.panm.controller`; ValueError unless `model` is a PANM model whose Controller runs in one forward."""
+def _panm(model: torch.nn.Module) -> torch.nn.Module:
+    """`model.panm`; ValueError unless `model` is a PANM model whose Controller runs in one forward."""
     panm = getattr(model, "panm", None)
     if panm is None or not hasattr(panm, "controller"):
         raise ValueError(f"--control needs a PANM model (got {type(model).__name__}); use --model panm or both.")
@@ -39,7 +39,7 @@ def _controller(model: torch.nn.Module) -> torch.nn.Module:
             "--control cannot run with --content_read controller (the Controller then reads step "
             "by step outside the hooked forward); use --content_read decoder or none."
         )
-    return panm.controller
+    return panm
 
 
 def zero_reads(model: torch.nn.Module, *, include_content_read: bool = False) -> RemovableHandle:
@@ -50,8 +50,7 @@ def zero_reads(model: torch.nn.Module, *, include_content_read: bool = False) ->
         ValueError: `model` has no PANM memory, or its Controller reads with its own state
             (`content_read="controller"`, whose steps bypass `Controller.forward`).
     """
-    _controller(model)  # a PANM model whose Controller runs in one forward, or ValueError
-    panm = model.panm
+    panm = _panm(model)
     pointer_width = (panm.num_pointer_units + panm.num_mode2_heads) * panm.memory_dim
 
     def hook(module, inputs):
@@ -69,13 +68,21 @@ def zero_decoder_input(model: torch.nn.Module) -> RemovableHandle:
     Raises:
         ValueError: as `zero_reads`.
     """
-    controller = _controller(model)
 
     def hook(module, inputs):
         reads, decoder_states, *rest = inputs
         return (reads, None if decoder_states is None else torch.zeros_like(decoder_states), *rest)
 
-    return controller.register_forward_pre_hook(hook)
+    return _panm(model).controller.register_forward_pre_hook(hook)
+
+
+# Each control's name and the hook that makes it (on a freshly built PANM model).
+CONTROL_HOOKS = {
+    "no_pointer_reads": zero_reads,
+    "no_reads": partial(zero_reads, include_content_read=True),
+    "no_decoder_input": zero_decoder_input,
+}
+CONTROLS = tuple(CONTROL_HOOKS)
 
 
 def validate_control(control: str | None) -> None:
@@ -87,8 +94,4 @@ def validate_control(control: str | None) -> None:
 def apply_control(model: torch.nn.Module, control: str | None) -> RemovableHandle | None:
     """Apply `--control` (one of `CONTROLS`, or None for none) to a freshly built PANM model."""
     validate_control(control)
-    if control is None:
-        return None
-    if control == "no_decoder_input":
-        return zero_decoder_input(model)
-    return zero_reads(model, include_content_read=control == "no_reads")
+    return None if control is None else CONTROL_HOOKS[control](model)
