@@ -49,6 +49,9 @@ class Controller(nn.Module):
         self.init = config.controller_init
         self.recurrence_kernel = config.recurrence_kernel
         self.decoder_input_size = decoder_input_size
+        # beyond the paper: g^o also reads z_t (`output_decoder_input`), a path to the output beside the GRU
+        output_decoder_size = decoder_input_size if config.output_decoder_input else 0
+        self.output_reads_decoder = output_decoder_size > 0
         self.initial_state = nn.Linear(memory_dim, hidden_size)
         # the authors' state-driven attention over M; its value is the last part of the GRU and g^o inputs
         self.content_reader = (
@@ -60,7 +63,7 @@ class Controller(nn.Module):
         content_size = memory_dim if self.content_reader is not None else 0
         self.gru = nn.GRU(read_size + decoder_input_size + content_size, hidden_size, batch_first=True)
         self.output_mlp = nn.Sequential(
-            nn.Linear(read_size + content_size + hidden_size, config.mlp_hidden_size),
+            nn.Linear(read_size + content_size + hidden_size + output_decoder_size, config.mlp_hidden_size),
             nn.ReLU(),
             nn.Linear(config.mlp_hidden_size, output_size),
         )
@@ -93,7 +96,8 @@ class Controller(nn.Module):
     def _input_rows(
         reads: torch.Tensor, decoder_states: torch.Tensor | None, hidden: torch.Tensor
     ) -> tuple[int, int, torch.Tensor, torch.Tensor]:
-        """`(batch, steps, read rows (batch*steps, read_size), GRU input rows [reads, z_t])`."""
+        """`(batch, steps, read rows (batch*steps, read_size), GRU input rows [reads, z_t])`; the `z_t` rows are
+        the last `decoder_input_size` columns of the GRU's."""
         batch = hidden.shape[0]
         steps = reads.shape[1] if reads.dim() == 3 else reads.shape[0] // max(batch, 1)
         # every linear runs on 2-D rows: on 3-D inputs each adds two views forward and two backward
@@ -102,6 +106,13 @@ class Controller(nn.Module):
             return batch, steps, rows, rows
         decoder_rows = decoder_states.reshape(batch * steps, -1).to(reads.dtype)  # (batch*steps, decoder_input)
         return batch, steps, rows, torch.cat([rows, decoder_rows], dim=-1)
+
+    def _output_rows(self, parts: list[torch.Tensor], inputs: torch.Tensor) -> torch.Tensor:
+        """`g^o`'s input rows `(batch*steps, ...)`: `parts`, then the `z_t` columns of the GRU's input rows
+        `inputs` when `g^o` reads the decoder state."""
+        if self.output_reads_decoder:
+            parts = [*parts, inputs[..., -self.decoder_input_size :].reshape(parts[0].shape[0], -1)]
+        return torch.cat(parts, dim=-1)
 
     def forward(
         self,
@@ -136,7 +147,7 @@ class Controller(nn.Module):
             states, last = self.gru(inputs, hidden.unsqueeze(0).contiguous())  # (batch, steps, hidden), (1, b, hidden)
             last = last.squeeze(0)  # (batch, hidden)
         state_rows = states.reshape(batch * steps, -1).to(reads.dtype)  # (batch*steps, hidden)
-        outputs = self.output_mlp(torch.cat([rows, state_rows], dim=-1)).reshape(batch, steps, -1)  # (b, steps, out)
+        outputs = self.output_mlp(self._output_rows([rows, state_rows], inputs)).reshape(batch, steps, -1)
         if step_mask is not None:  # the state after each row's last real step (or h_{t-1} if none)
             count = step_mask.long().sum(dim=1)  # (batch,)
             index = (count - 1).clamp(min=0).reshape(-1, 1, 1).expand(-1, 1, states.shape[-1])  # (batch, 1, hidden)
@@ -198,5 +209,5 @@ class Controller(nn.Module):
             weights.append(weight)
         state_rows = torch.stack(states, dim=1).reshape(batch * steps, -1)  # (batch*steps, hidden)
         content_rows = torch.stack(contents, dim=1).reshape(batch * steps, -1)  # (batch*steps, dim)
-        outputs = self.output_mlp(torch.cat([rows, content_rows, state_rows], dim=-1))  # (batch*steps, out)
+        outputs = self.output_mlp(self._output_rows([rows, content_rows, state_rows], inputs))  # (batch*steps, out)
         return outputs.reshape(batch, steps, -1), hidden, torch.stack(weights, dim=1)  # (b, steps, out), ..., (b, t, s)

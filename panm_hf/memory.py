@@ -92,6 +92,11 @@ class PanmMemory(nn.Module):
                 "PanmMemory has no decoder input (decoder_input_size=0, as in the QA head); use "
                 'content_read="none" or "controller" (queried by the Controller state).'
             )
+        if config.output_decoder_input and decoder_input_size == 0:
+            raise ValueError(
+                "output_decoder_input=True feeds the decoder state z_t to g^o, but this PanmMemory has no decoder "
+                "input (decoder_input_size=0, as in the QA head); set output_decoder_input=False."
+            )
         self.address_distractors = config.address_distractors
         self.memory_dim = memory_dim
         self.decoder_input_size = decoder_input_size

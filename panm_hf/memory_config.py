@@ -90,6 +90,11 @@ class PanmMemoryConfig:
             Controller's previous state `h^c_{t-1}`, its value fed to the Controller GRU and `g^o`, so the
             read follows what has been decoded even with `z_t = 0`; the Controller then runs its steps one
             at a time (no fused kernel); results in docs/results/controller_read.md.
+        output_decoder_input (`bool`, *optional*, defaults to `False`):
+            beyond the paper: the output MLP `g^o` also reads the decoder state `z_t` (the paper's `g^o` reads the
+            Mode-1/Mode-2 values and `h^c_t`; `z_t` reaches the output only through the Controller GRU). With
+            `placement="replace"` this gives the decoder's state a path to the logits that does not pass the GRU.
+            Needs a decoder input (seq2seq, decoder-only; not the QA head).
         panm_dropout (`float`, *optional*, defaults to 0.0):
             dropout on the reads entering the Controller and on its output (the paper has none; the
             authors' code drops 0.5 of the Mode-2 attention).
@@ -168,6 +173,9 @@ class PanmMemoryConfig:
             "choices": CONTENT_READS,
         },
     )
+    output_decoder_input: bool = field(
+        default=False, metadata={"help": "PANM, beyond the paper: g^o also reads the decoder state z_t."}
+    )
     panm_dropout: float = field(default=0.0, metadata={"help": "Dropout on PANM's reads and output (paper: 0)."})
     panm_drop_path: float = field(
         default=0.0, metadata={"help": "Training: probability of dropping a sample's whole PANM output (0: off)."}
@@ -206,6 +214,10 @@ class PanmMemoryConfig:
         for name, (choices, hint) in CHOICES.items():
             if getattr(self, name) not in choices:
                 raise ValueError(f"{name}={getattr(self, name)!r} is not supported; choose one of {choices}{hint}.")
+        if not isinstance(self.output_decoder_input, bool):
+            raise ValueError(
+                f"output_decoder_input must be True or False (got {self.output_decoder_input!r})."
+            )
         for name in PROBABILITIES:
             value = getattr(self, name)
             if not _is_number(value) or not 0.0 <= value < 1.0:

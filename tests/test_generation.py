@@ -45,6 +45,7 @@ VARIANTS = {
     "shift": {"pointer_update": "shift"},
     "content": {"content_read": "decoder", "panm_dropout": 0.1},
     "controller": {"content_read": "controller", "panm_dropout": 0.1},
+    "output_decoder_input": {"content_read": "decoder", "output_decoder_input": True, "panm_dropout": 0.1},
 }
 # (backbone, placement, variant): the paper's Pointer Unit everywhere, the variants on some backbones.
 CASES = [
@@ -56,6 +57,7 @@ CASES = [
     ("bart", "stack", "content"),
     ("bart", "residual", "controller"),
     ("t5", "replace", "controller"),
+    ("bart", "replace", "output_decoder_input"),
 ]
 
 

@@ -360,3 +360,58 @@ def test_linear_address_keys_are_affine_in_the_bits():
         assert torch.allclose(combined, keys[:, 3], atol=1e-5) == affine, address_key
     linear, mlp = tiny(address_key="linear"), tiny(address_key="mlp")
     assert len(linear.pointer_units.address_mlp) == 1 and len(mlp.pointer_units.address_mlp) == 3
+
+
+@pytest.mark.parametrize("content_read", ["none", "decoder", "controller"])
+def test_output_decoder_input_feeds_z_t_to_g_o_beside_the_gru(content_read):
+    """`output_decoder_input=True`: g^o reads [reads, (content), h^c_t, z_t]; its output equals g^o applied to
+    those rows, and z_t reaches it even when the GRU ignores z_t (its z_t columns zeroed)."""
+    memory = tiny(output_decoder_input=True, content_read=content_read)
+    controller = memory.controller
+    width = controller.gru.input_size
+    with torch.no_grad():  # the GRU's z_t columns (the last 6 of its non-content input) set to zero
+        controller.gru.weight_ih_l0[:, width - 6 - (8 if content_read == "controller" else 0) :][:, :6] = 0
+    states, decoder = torch.randn(2, 5, 8), torch.randn(2, 4, 6)
+    out = memory(states, decoder, output_attentions=True)
+    changed = memory(states, decoder + 1.0, output_attentions=True)
+    assert not torch.allclose(out.hidden_states, changed.hidden_states, atol=1e-4)  # g^o: moved by z_t
+    # content_read="decoder" queries M with z_t, which reaches the GRU through that read; otherwise the GRU is
+    # unmoved by z_t, and without the option the same zeroed GRU makes the output independent of z_t
+    if content_read != "decoder":
+        torch.testing.assert_close(out.state.controller_hidden, changed.state.controller_hidden)
+        plain = tiny(content_read=content_read)
+        with torch.no_grad():
+            plain.controller.gru.weight_ih_l0.copy_(controller.gru.weight_ih_l0)
+        a, b = plain(states, decoder), plain(states, decoder + 1.0)
+        torch.testing.assert_close(a.hidden_states, b.hidden_states)
+    # step by step (the cached path) equals all steps at once
+    bound, state, outputs = memory.bind(states), None, []
+    for t in range(4):
+        step = memory(bound, decoder[:, t : t + 1], state=state)
+        state, outputs = step.state, outputs + [step.hidden_states]
+    torch.testing.assert_close(torch.cat(outputs, dim=1), out.hidden_states, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("kernel", ["auto", "eager"])  # "auto": the C kernels where a compiler is
+def test_output_decoder_input_gives_the_same_outputs_and_gradients_on_every_kernel(kernel):
+    reference = tiny(output_decoder_input=True, content_read="decoder", recurrence_kernel="eager").train()
+    memory = tiny(output_decoder_input=True, content_read="decoder", recurrence_kernel=kernel).train()
+    memory.load_state_dict(reference.state_dict())
+    states, decoder = torch.randn(2, 5, 8, dtype=torch.float64), torch.randn(2, 4, 6, dtype=torch.float64)
+    reference, memory = reference.double(), memory.double()
+    base = torch.tensor([3, 7])
+    outputs = []
+    for model in (reference, memory):
+        z = decoder.clone().requires_grad_()
+        out = model(states, z, base_address=base).hidden_states
+        (grad,) = torch.autograd.grad(out.square().sum(), z)
+        outputs.append((out, grad))
+    torch.testing.assert_close(outputs[0][0], outputs[1][0])
+    torch.testing.assert_close(outputs[0][1], outputs[1][1])
+
+
+def test_output_decoder_input_errors_name_the_field():
+    with pytest.raises(ValueError, match="output_decoder_input"):
+        tiny(output_decoder_input=True, decoder_input_size=0)
+    with pytest.raises(ValueError, match="output_decoder_input"):
+        tiny(output_decoder_input=1)
