@@ -9,7 +9,7 @@ from transformers.configuration_utils import SubConfigSpec
 
 from .memory_config import PanmMemoryConfig
 
-PLACEMENTS = ("stack", "replace", "residual")
+PLACEMENTS = ("stack", "replace", "residual", "top")
 # PanmForCausalLM's memory M: every token so far, or the prompt only (the seq2seq framing in one stream).
 CAUSAL_MEMORIES = ("sequence", "prompt")
 # PanmForSeq2SeqLM's end-of-sequence logit: from what the LM head reads, as every other token's, or from PANM's
@@ -17,6 +17,8 @@ CAUSAL_MEMORIES = ("sequence", "prompt")
 EOS_DECISIONS = ("shared", "panm")
 # The placements in which the Controller takes the place of the backbone's last decoder layer.
 LAYER_REPLACING_PLACEMENTS = ("replace", "residual")
+# The placements in which the LM head reads PANM's output alone (no backbone path beside it).
+PANM_ONLY_PLACEMENTS = ("replace", "top")
 # Attributes read from the outer config by Trainer, Seq2SeqTrainer, generate() and weight tying.
 MIRRORED_ATTRIBUTES = (
     "pad_token_id",
@@ -47,8 +49,10 @@ class PanmConfig(PreTrainedConfig, PanmMemoryConfig):
             model is exactly the backbone); `"replace"` replaces the last decoder layer, the
             paper's setup that keeps the parameter count; `"residual"` replaces the last decoder layer
             too but joins the Controller's output to the decoder stream as a Transformer sublayer does,
-            `LayerNorm(z_t + o_t)` (the paper's `replace` feeds the logits from the Controller alone).
-            `PanmForCausalLM` supports `"stack"` only.
+            `LayerNorm(z_t + o_t)` (the paper's `replace` feeds the logits from the Controller alone);
+            `"top"` (beyond the paper) keeps every decoder layer and feeds the logits from the Controller
+            alone, as `"replace"` does: the Controller is an output layer on top of the whole decoder (the
+            paper's integration on a decoder one layer deeper). `PanmForCausalLM` supports `"stack"` only.
         causal_memory (`str`, *optional*, defaults to `"sequence"`):
             what `PanmForCausalLM` uses as PANM's memory `M`. `"sequence"`: every token so far (the paper's
             Dyck model, "masking M"); every position is a decoding step that reads the slots up to its
@@ -128,11 +132,12 @@ class PanmConfig(PreTrainedConfig, PanmMemoryConfig):
                 'eos_decision="panm" needs eos_token_id (the logit PANM decides): set it on the config or on its '
                 "text_config."
             )
-        if self.placement == "replace" and self.panm_drop_path > 0:
-            # "replace" feeds the logits from the Controller alone: a dropped sample would predict from zeros.
+        if self.placement in PANM_ONLY_PLACEMENTS and self.panm_drop_path > 0:
+            # these feed the logits from the Controller alone: a dropped sample would predict from zeros.
             raise ValueError(
                 f"panm_drop_path={self.panm_drop_path} needs a backbone path beside PANM's output; with "
-                'placement="replace" there is none. Use placement="stack" or "residual", or panm_drop_path=0.'
+                f'placement="{self.placement}" there is none. Use placement="stack" or "residual", or '
+                "panm_drop_path=0."
             )
 
     def validate(self) -> None:

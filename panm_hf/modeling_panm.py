@@ -5,7 +5,8 @@ decoder's hidden states. With ``placement="stack"`` the Controller's output is
 added to ``z_t`` through a zero-initialised projection (``g^o``'s last layer), so a
 freshly wrapped pretrained backbone returns exactly the backbone's logits; with
 ``placement="replace"`` the backbone's last decoder layer is removed and the
-Controller's output takes its place (the paper's setup). Either way the result is
+Controller's output takes its place (the paper's setup); ``placement="top"`` keeps every
+decoder layer and the LM head reads the Controller's output alone. Either way the result is
 read out through the backbone's own LM head (tied embeddings and
 ``final_logits_bias`` keep working).
 """
@@ -563,7 +564,8 @@ class PanmForSeq2SeqLM(PanmPreTrainedModel, GenerationMixin):
         return panm_output
 
     def _combine(self, decoder_states: torch.Tensor, panm_states: torch.Tensor) -> torch.Tensor:
-        """What the LM head reads: z_t plus PANM's output ("stack"), its post-LN sum ("residual"), or PANM's alone."""
+        """What the LM head reads: z_t plus PANM's output ("stack"), its post-LN sum ("residual"), or PANM's alone
+        ("replace", "top")."""
         if self.config.placement == "stack":
             return decoder_states + panm_states.to(decoder_states.dtype)
         if self.config.placement == "residual":

@@ -174,7 +174,8 @@ def test_gradients_reach_every_panm_parameter(options):
 # (backbone, PANM options): the paper's Pointer Unit on every backbone, "shift", and main's content read.
 CASES = [(name, {}) for name in NAMES] + [("llama", {"pointer_update": "shift"}),
                                           ("gpt2", {"content_read": "decoder", "panm_dropout": 0.1}),
-                                          ("llama", {"content_read": "controller"})]  # fmt: skip
+                                          ("llama", {"content_read": "controller"}),
+                                          ("gpt2", {"output_decoder_input": True})]  # fmt: skip
 CASE_IDS = [f"{name}-" + ("-".join(f"{k}={v}" for k, v in options.items()) or "paper") for name, options in CASES]
 
 

@@ -58,6 +58,8 @@ CASES = [
     ("bart", "residual", "controller"),
     ("t5", "replace", "controller"),
     ("bart", "replace", "output_decoder_input"),
+    ("bart", "top", "output_decoder_input"),
+    ("t5", "top", "attention"),
 ]
 
 

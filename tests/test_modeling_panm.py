@@ -120,7 +120,7 @@ def test_panm_dropout_is_active_in_training_only():
                                model(input_ids=input_ids, labels=labels).logits)
 
 
-@pytest.mark.parametrize("placement,options", [("stack", {}), ("replace", {}),
+@pytest.mark.parametrize("placement,options", [("stack", {}), ("replace", {}), ("top", {"output_decoder_input": True}),
                                                ("residual", {"content_read": "decoder"}),
                                                ("residual", {"content_read": "controller"})])
 def test_padding_invariance_and_batch_independence(backbone_config, placement, options):
@@ -163,14 +163,15 @@ def test_gradients_reach_every_panm_parameter(backbone_config, options):
         assert parameter.grad is not None and parameter.grad.abs().sum() > 0, name
 
 
-def test_save_load_exact_and_auto_classes(tmp_path, backbone_config):
-    _, model = wrap(backbone_config, "replace")
+@pytest.mark.parametrize("placement", ["replace", "top"])
+def test_save_load_exact_and_auto_classes(tmp_path, backbone_config, placement):
+    _, model = wrap(backbone_config, placement)
     model = activate_panm(model).eval()
     model.save_pretrained(tmp_path)
     assert (tmp_path / "model.safetensors").exists()
     assert AutoConfig.from_pretrained(tmp_path).__class__ is PanmConfig
     loaded = AutoModelForSeq2SeqLM.from_pretrained(tmp_path).eval()
-    assert isinstance(loaded, PanmForSeq2SeqLM) and loaded.config.placement == "replace"
+    assert isinstance(loaded, PanmForSeq2SeqLM) and loaded.config.placement == placement
     input_ids, labels = make_inputs()
     with torch.no_grad():
         assert torch.equal(model(input_ids=input_ids, labels=labels).logits,
@@ -183,9 +184,10 @@ def test_config_errors_name_the_field():
                                                            num_attention_heads=2, intermediate_size=8)))
     with pytest.raises(ValueError, match="placement"):
         PanmConfig(text_config=BACKBONES["bart"](), placement="middle")
-    # "replace" has no backbone path for a sample whose PANM output is dropped
-    with pytest.raises(ValueError, match="panm_drop_path=0.5 needs a backbone path"):
-        PanmConfig(text_config=BACKBONES["bart"](), placement="replace", panm_drop_path=0.5)
+    # "replace" and "top" have no backbone path for a sample whose PANM output is dropped
+    for placement in ("replace", "top"):
+        with pytest.raises(ValueError, match=f'panm_drop_path=0.5 needs a backbone path.*placement="{placement}"'):
+            PanmConfig(text_config=BACKBONES["bart"](), placement=placement, panm_drop_path=0.5)
     for placement in ("stack", "residual"):
         config = PanmConfig(text_config=BACKBONES["bart"](), placement=placement, panm_drop_path=0.5)
         assert config.panm_drop_path == 0.5
@@ -224,3 +226,27 @@ def test_output_attentions_returns_pointer_maps():
     assert out.address_attentions.shape == (2, 4, 2, 6)
     assert out.mode2_attentions.shape == (2, 4, 1, 6)
     assert torch.allclose(out.address_attentions.sum(-1), torch.ones(2, 4, 2))
+
+
+@pytest.mark.parametrize("model_type", ["bart", "t5"])
+def test_top_is_replace_on_a_decoder_one_layer_deeper(model_type):
+    """`placement="top"` keeps every decoder layer and feeds the LM head from PANM alone: the same model as
+    `"replace"` on a backbone with one more decoder layer, weight for weight, logits and loss alike."""
+    deeper = BACKBONES[model_type]()
+    layers_key = "decoder_layers" if model_type == "bart" else "num_decoder_layers"
+    setattr(deeper, layers_key, getattr(deeper, layers_key) + 1)
+    torch.manual_seed(0)
+    replace = PanmForSeq2SeqLM(PanmConfig(text_config=deeper, placement="replace", **TINY_PANM)).eval()
+    shallow = BACKBONES[model_type]()
+    top = PanmForSeq2SeqLM(PanmConfig(text_config=shallow, placement="top", **TINY_PANM)).eval()
+    assert top.state_dict().keys() == replace.state_dict().keys()
+    top.load_state_dict(replace.state_dict())
+    input_ids, labels = make_inputs()
+    with torch.no_grad():
+        expected, got = replace(input_ids=input_ids, labels=labels), top(input_ids=input_ids, labels=labels)
+    torch.testing.assert_close(got.logits, expected.logits)
+    torch.testing.assert_close(got.loss, expected.loss)
+    # and every decoder layer runs: the LM head does not read z_t directly, but z_t reaches PANM
+    assert len(top.get_decoder().layers if model_type == "bart" else top.get_decoder().block) == getattr(
+        shallow, layers_key
+    )

@@ -62,7 +62,7 @@ class ModelArguments:
     placement: str = field(
         default="residual",
         metadata={
-            "help": "PANM placement: residual, replace (paper) or stack (see PanmConfig); the translation "
+            "help": "PANM placement: residual, replace (paper), stack or top (see PanmConfig); the translation "
             "and math examples default to stack (with --panm_drop_path 0.5), the bAbI example to residual."
         },
     )
