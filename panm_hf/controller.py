@@ -111,7 +111,8 @@ class Controller(nn.Module):
         """`g^o`'s input rows `(batch*steps, ...)`: `parts`, then the `z_t` columns of the GRU's input rows
         `inputs` when `g^o` reads the decoder state."""
         if self.output_reads_decoder:
-            parts = [*parts, inputs[..., -self.decoder_input_size :].reshape(parts[0].shape[0], -1)]
+            decoder_rows = inputs[..., -self.decoder_input_size :].reshape(parts[0].shape[0], -1)  # (b*steps, z_t)
+            parts = [*parts, decoder_rows]
         return torch.cat(parts, dim=-1)
 
     def forward(
@@ -147,7 +148,8 @@ class Controller(nn.Module):
             states, last = self.gru(inputs, hidden.unsqueeze(0).contiguous())  # (batch, steps, hidden), (1, b, hidden)
             last = last.squeeze(0)  # (batch, hidden)
         state_rows = states.reshape(batch * steps, -1).to(reads.dtype)  # (batch*steps, hidden)
-        outputs = self.output_mlp(self._output_rows([rows, state_rows], inputs)).reshape(batch, steps, -1)
+        outputs = self.output_mlp(self._output_rows([rows, state_rows], inputs))  # (batch*steps, out)
+        outputs = outputs.reshape(batch, steps, -1)  # (batch, steps, out)
         if step_mask is not None:  # the state after each row's last real step (or h_{t-1} if none)
             count = step_mask.long().sum(dim=1)  # (batch,)
             index = (count - 1).clamp(min=0).reshape(-1, 1, 1).expand(-1, 1, states.shape[-1])  # (batch, 1, hidden)
