@@ -95,25 +95,20 @@ class Controller(nn.Module):
     @staticmethod
     def _input_rows(
         reads: torch.Tensor, decoder_states: torch.Tensor | None, hidden: torch.Tensor
-    ) -> tuple[int, int, torch.Tensor, torch.Tensor]:
-        """`(batch, steps, read rows (batch*steps, read_size), GRU input rows [reads, z_t])`; the `z_t` rows are
-        the last `decoder_input_size` columns of the GRU's."""
+    ) -> tuple[int, int, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """`(batch, steps, read rows (batch*steps, read_size), GRU input rows [reads, z_t], z_t rows or None)`."""
         batch = hidden.shape[0]
         steps = reads.shape[1] if reads.dim() == 3 else reads.shape[0] // max(batch, 1)
         # every linear runs on 2-D rows: on 3-D inputs each adds two views forward and two backward
         rows = reads if reads.dim() == 2 else reads.reshape(batch * steps, -1)  # (batch*steps, read_size)
         if decoder_states is None:
-            return batch, steps, rows, rows
+            return batch, steps, rows, rows, None
         decoder_rows = decoder_states.reshape(batch * steps, -1).to(reads.dtype)  # (batch*steps, decoder_input)
-        return batch, steps, rows, torch.cat([rows, decoder_rows], dim=-1)
+        return batch, steps, rows, torch.cat([rows, decoder_rows], dim=-1), decoder_rows
 
-    def _output_rows(self, parts: list[torch.Tensor], inputs: torch.Tensor) -> torch.Tensor:
-        """`g^o`'s input rows `(batch*steps, ...)`: `parts`, then the `z_t` columns of the GRU's input rows
-        `inputs` when `g^o` reads the decoder state."""
-        if self.output_reads_decoder:
-            decoder_rows = inputs[..., -self.decoder_input_size :].reshape(parts[0].shape[0], -1)  # (b*steps, z_t)
-            parts = [*parts, decoder_rows]
-        return torch.cat(parts, dim=-1)
+    def _output_rows(self, parts: list[torch.Tensor], decoder_rows: torch.Tensor | None) -> torch.Tensor:
+        """`g^o`'s input rows `(batch*steps, ...)`: `parts`, then the `z_t` rows when `g^o` reads the decoder state."""
+        return torch.cat([*parts, decoder_rows] if self.output_reads_decoder else parts, dim=-1)
 
     def forward(
         self,
@@ -135,7 +130,7 @@ class Controller(nn.Module):
         Returns:
             `(outputs (batch, steps, output_size), last hidden (batch, hidden))`.
         """
-        batch, steps, rows, inputs = self._input_rows(reads, decoder_states, hidden)
+        batch, steps, rows, inputs, decoder_rows = self._input_rows(reads, decoder_states, hidden)
         kernel = require("controller_gru", self._kernel_call(inputs, hidden), "the Controller GRU here").kernel
         if kernel in ("c", "triton"):  # all steps in one kernel (the C one, or its Triton port)
             gru = self.gru
@@ -148,7 +143,7 @@ class Controller(nn.Module):
             states, last = self.gru(inputs, hidden.unsqueeze(0).contiguous())  # (batch, steps, hidden), (1, b, hidden)
             last = last.squeeze(0)  # (batch, hidden)
         state_rows = states.reshape(batch * steps, -1).to(reads.dtype)  # (batch*steps, hidden)
-        outputs = self.output_mlp(self._output_rows([rows, state_rows], inputs))  # (batch*steps, out)
+        outputs = self.output_mlp(self._output_rows([rows, state_rows], decoder_rows))  # (batch*steps, out)
         outputs = outputs.reshape(batch, steps, -1)  # (batch, steps, out)
         if step_mask is not None:  # the state after each row's last real step (or h_{t-1} if none)
             count = step_mask.long().sum(dim=1)  # (batch,)
@@ -183,7 +178,7 @@ class Controller(nn.Module):
         reader = self.content_reader
         if reader is None:
             raise ValueError('attentive_forward needs content_read="controller"; call forward instead.')
-        batch, steps, rows, inputs = self._input_rows(reads, decoder_states, hidden)
+        batch, steps, rows, inputs, decoder_rows = self._input_rows(reads, decoder_states, hidden)
         gru = self.gru
         fixed_size = inputs.shape[-1]
         weight_fixed, weight_content = gru.weight_ih_l0[:, :fixed_size], gru.weight_ih_l0[:, fixed_size:]
@@ -211,5 +206,5 @@ class Controller(nn.Module):
             weights.append(weight)
         state_rows = torch.stack(states, dim=1).reshape(batch * steps, -1)  # (batch*steps, hidden)
         content_rows = torch.stack(contents, dim=1).reshape(batch * steps, -1)  # (batch*steps, dim)
-        outputs = self.output_mlp(self._output_rows([rows, content_rows, state_rows], inputs))  # (batch*steps, out)
+        outputs = self.output_mlp(self._output_rows([rows, content_rows, state_rows], decoder_rows))  # (b*steps, out)
         return outputs.reshape(batch, steps, -1), hidden, torch.stack(weights, dim=1)  # (b, steps, out), ..., (b, t, s)
