@@ -68,8 +68,10 @@ class PanmConfig(PreTrainedConfig, PanmMemoryConfig):
             head's `eos_token_id` rows applied to the Controller's output, before drop-path), so the stop
             decision is made by the Controller, which sees the pointers' place in the source, and not by the
             backbone's decoder, whose count of its own tokens stops at the training lengths
-            (docs/results/scan.md). With `"stack"` it breaks the zero-initialised equivalence to the backbone
-            for that one logit only. In `PanmForCausalLM` it applies where PANM decodes (with
+            (docs/results/scan.md). With `output_decoder_input=True` `g^o`'s `z_t` columns are left out of that
+            logit, so the decoder's state reaches it only through the Controller GRU. With `"stack"` it breaks
+            the zero-initialised equivalence to the backbone for that one logit only. In `PanmForCausalLM` it
+            applies where PANM decodes (with
             `causal_memory="prompt"`, from the prompt's last token on; the prompt keeps the backbone's). The QA
             head accepts `"shared"` only.
         **kwargs: the `PanmMemoryConfig` fields and `PreTrainedConfig`'s arguments.

@@ -39,10 +39,20 @@ class Controller(nn.Module):
         decoder_input_size: size of `z_t` (0 when the Controller has no decoder input).
         memory_dim: size of a memory slot (for the initial state).
         output_size: size of the output.
+        undecoded_output: also return `g^o`'s output with its `z_t` columns left out (when `g^o` reads `z_t`,
+            `output_decoder_input`): the output of the reads and `h^c_t` alone, for a stop decision the
+            decoder's state does not enter (`PanmConfig.eos_decision="panm"`).
     """
 
     def __init__(
-        self, config: PanmMemoryConfig, *, read_size: int, decoder_input_size: int, memory_dim: int, output_size: int
+        self,
+        config: PanmMemoryConfig,
+        *,
+        read_size: int,
+        decoder_input_size: int,
+        memory_dim: int,
+        output_size: int,
+        undecoded_output: bool = False,
     ):
         super().__init__()
         hidden_size = config.controller_hidden_size
@@ -52,6 +62,7 @@ class Controller(nn.Module):
         # beyond the paper: g^o also reads z_t (`output_decoder_input`), a path to the output beside the GRU
         output_decoder_size = decoder_input_size if config.output_decoder_input else 0
         self.output_reads_decoder = output_decoder_size > 0
+        self.undecoded_output = undecoded_output and self.output_reads_decoder
         self.initial_state = nn.Linear(memory_dim, hidden_size)
         # the authors' state-driven attention over M; its value is the last part of the GRU and g^o inputs
         self.content_reader = (
@@ -106,9 +117,19 @@ class Controller(nn.Module):
         decoder_rows = decoder_states.reshape(batch * steps, -1).to(reads.dtype)  # (batch*steps, decoder_input)
         return batch, steps, rows, torch.cat([rows, decoder_rows], dim=-1), decoder_rows
 
-    def _output_rows(self, parts: list[torch.Tensor], decoder_rows: torch.Tensor | None) -> torch.Tensor:
-        """`g^o`'s input rows `(batch*steps, ...)`: `parts`, then the `z_t` rows when `g^o` reads the decoder state."""
-        return torch.cat([*parts, decoder_rows] if self.output_reads_decoder else parts, dim=-1)
+    def _output(
+        self, parts: list[torch.Tensor], decoder_rows: torch.Tensor | None, batch: int, steps: int
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """`g^o` over its input rows (`parts`, then the `z_t` rows when `g^o` reads the decoder state):
+        `(outputs (batch, steps, out), the outputs without the z_t columns (batch, steps, out) or None)`."""
+        rows = torch.cat([*parts, decoder_rows] if self.output_reads_decoder else parts, dim=-1)  # (b*steps, in)
+        outputs = self.output_mlp(rows).reshape(batch, steps, -1)  # (batch, steps, out)
+        if not self.undecoded_output:
+            return outputs, None
+        first, activation, last = self.output_mlp
+        own_rows = rows[:, : rows.shape[-1] - self.decoder_input_size]  # (batch*steps, in - decoder_input)
+        hidden = nn.functional.linear(own_rows, first.weight[:, : own_rows.shape[-1]], first.bias)  # (b*steps, mlp)
+        return outputs, last(activation(hidden)).reshape(batch, steps, -1)  # (batch, steps, out) each
 
     def forward(
         self,
@@ -116,7 +137,7 @@ class Controller(nn.Module):
         decoder_states: torch.Tensor | None,
         hidden: torch.Tensor,
         step_mask: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """Run the Controller over all steps.
 
         Args:
@@ -128,7 +149,8 @@ class Controller(nn.Module):
                 of right-aligned padding); the returned state is the one after the last True step.
 
         Returns:
-            `(outputs (batch, steps, output_size), last hidden (batch, hidden))`.
+            `(outputs (batch, steps, output_size), last hidden (batch, hidden), the outputs without g^o's z_t
+            columns (batch, steps, output_size) with `undecoded_output`, else None)`.
         """
         batch, steps, rows, inputs, decoder_rows = self._input_rows(reads, decoder_states, hidden)
         kernel = require("controller_gru", self._kernel_call(inputs, hidden), "the Controller GRU here").kernel
@@ -143,13 +165,12 @@ class Controller(nn.Module):
             states, last = self.gru(inputs, hidden.unsqueeze(0).contiguous())  # (batch, steps, hidden), (1, b, hidden)
             last = last.squeeze(0)  # (batch, hidden)
         state_rows = states.reshape(batch * steps, -1).to(reads.dtype)  # (batch*steps, hidden)
-        outputs = self.output_mlp(self._output_rows([rows, state_rows], decoder_rows))  # (batch*steps, out)
-        outputs = outputs.reshape(batch, steps, -1)  # (batch, steps, out)
+        outputs, undecoded = self._output([rows, state_rows], decoder_rows, batch, steps)  # (batch, steps, out)
         if step_mask is not None:  # the state after each row's last real step (or h_{t-1} if none)
             count = step_mask.long().sum(dim=1)  # (batch,)
             index = (count - 1).clamp(min=0).reshape(-1, 1, 1).expand(-1, 1, states.shape[-1])  # (batch, 1, hidden)
             last = torch.where((count > 0).unsqueeze(-1), states.gather(1, index).squeeze(1), hidden)
-        return outputs, last
+        return outputs, last, undecoded
 
     def attentive_forward(
         self,
@@ -159,7 +180,7 @@ class Controller(nn.Module):
         memory_states: torch.Tensor,
         attention_mask: torch.Tensor,
         step_mask: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """Run the Controller with its state-driven attention (`content_read="controller"`), step by step.
 
         Step `t`: `c_t = attend(h^c_{t-1}, M)`, `h^c_t = GRU([reads_t, z_t, c_t], h^c_{t-1})`,
@@ -173,7 +194,8 @@ class Controller(nn.Module):
             attention_mask: `(batch, slots)` bool, or `(batch, steps, slots)` per step (causal decoding).
 
         Returns:
-            `(outputs (batch, steps, output_size), last hidden (batch, hidden), weights (batch, steps, slots))`.
+            `(outputs (batch, steps, output_size), last hidden (batch, hidden), weights (batch, steps, slots),
+            the outputs without g^o's z_t columns or None)`, as `forward`.
         """
         reader = self.content_reader
         if reader is None:
@@ -206,5 +228,5 @@ class Controller(nn.Module):
             weights.append(weight)
         state_rows = torch.stack(states, dim=1).reshape(batch * steps, -1)  # (batch*steps, hidden)
         content_rows = torch.stack(contents, dim=1).reshape(batch * steps, -1)  # (batch*steps, dim)
-        outputs = self.output_mlp(self._output_rows([rows, content_rows, state_rows], decoder_rows))  # (b*steps, out)
-        return outputs.reshape(batch, steps, -1), hidden, torch.stack(weights, dim=1)  # (b, steps, out), ..., (b, t, s)
+        outputs, undecoded = self._output([rows, content_rows, state_rows], decoder_rows, batch, steps)  # (b, t, out)
+        return outputs, hidden, torch.stack(weights, dim=1), undecoded  # ..., (batch, steps, slots), ...

@@ -37,6 +37,9 @@ class PanmMemoryOutput:
             `"none"`), if requested.
         undropped_hidden_states: `(batch, steps, output_size)` the Controller's outputs before drop-path, when
             drop-path is active (training with `panm_drop_path > 0`); None otherwise (`hidden_states` then).
+        undecoded_hidden_states: `(batch, steps, output_size)` `g^o`'s outputs without its `z_t` columns, before
+            drop-path, when the memory was built with `undecoded_output=True` and `g^o` reads `z_t`
+            (`output_decoder_input`); None otherwise.
     """
 
     hidden_states: torch.Tensor
@@ -46,6 +49,7 @@ class PanmMemoryOutput:
     mode2_attentions: torch.Tensor | None = None
     content_attentions: torch.Tensor | None = None
     undropped_hidden_states: torch.Tensor | None = None
+    undecoded_hidden_states: torch.Tensor | None = None
 
 
 @traced_cache
@@ -81,9 +85,19 @@ class PanmMemory(nn.Module):
         decoder_input_size: size of the decoder input `z_t` fed to the Controller; 0 for none (`z_t = 0`).
             `content_read="decoder"` needs one (`"controller"` does not).
         output_size: size of the Controller's output.
+        undecoded_output: also return `g^o`'s outputs without its `z_t` columns (`undecoded_hidden_states`)
+            when `g^o` reads `z_t` (`output_decoder_input`): what the heads' `eos_decision="panm"` reads.
     """
 
-    def __init__(self, config: PanmMemoryConfig, *, memory_dim: int, decoder_input_size: int, output_size: int):
+    def __init__(
+        self,
+        config: PanmMemoryConfig,
+        *,
+        memory_dim: int,
+        decoder_input_size: int,
+        output_size: int,
+        undecoded_output: bool = False,
+    ):
         super().__init__()
         PanmMemoryConfig.validate(config)  # again: a config may have been edited since it was built
         if config.content_read == "decoder" and decoder_input_size == 0:
@@ -119,6 +133,7 @@ class PanmMemory(nn.Module):
             decoder_input_size=decoder_input_size,
             memory_dim=memory_dim,
             output_size=output_size,
+            undecoded_output=undecoded_output,
         )
 
     @property
@@ -289,7 +304,7 @@ class PanmMemory(nn.Module):
         if address_weights.shape[-1] > memory.memory_states.shape[1]:
             address_weights = address_weights[..., : memory.memory_states.shape[1]]  # (batch, steps, units, slots)
         reads, mode2_weights, content_weights = self._reads(address_weights, memory, decoder_states, slot_mask)
-        hidden_states, undropped_states, controller_hidden, controller_weights = self._control(
+        hidden_states, undropped_states, undecoded_states, controller_hidden, controller_weights = self._control(
             reads, decoder_states, state.controller_hidden, memory, slot_mask, step_mask
         )
         if self.controller.content_reader is not None:  # content_read="controller": its weights are the content's
@@ -297,6 +312,7 @@ class PanmMemory(nn.Module):
         return PanmMemoryOutput(
             hidden_states=hidden_states,
             undropped_hidden_states=undropped_states,
+            undecoded_hidden_states=undecoded_states,
             state=PanmState(
                 pointer_hidden=pointer_hidden,
                 pointers=pointers,
@@ -367,28 +383,29 @@ class PanmMemory(nn.Module):
         memory: AddressedMemory,
         slot_mask: torch.Tensor,
         step_mask: torch.Tensor | None,
-    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor | None]:
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor, torch.Tensor | None]:
         """The Controller over the reads, with dropout and drop-path: `(outputs (batch, steps, out), the outputs
-        before drop-path when it is active (else None), last hidden, the Controller's content weights
-        (batch, steps, slots) for content_read="controller", else None)`."""
+        before drop-path when it is active (else None), the outputs without g^o's z_t columns (else None), last
+        hidden, the Controller's content weights (batch, steps, slots) for content_read="controller", else None)`."""
         weights = None
         if self.controller.content_reader is not None:  # content_read="controller": steps one at a time
-            hidden_states, controller_hidden, weights = self.controller.attentive_forward(
+            hidden_states, controller_hidden, weights, undecoded = self.controller.attentive_forward(
                 self.dropout(reads), decoder_states, controller_hidden, memory.memory_states, slot_mask,
                 step_mask=step_mask,
             )  # fmt: skip
         else:
-            hidden_states, controller_hidden = self.controller(
+            hidden_states, controller_hidden, undecoded = self.controller(
                 self.dropout(reads), decoder_states, controller_hidden, step_mask=step_mask
             )
         hidden_states = self.dropout(hidden_states)
+        undecoded = self.dropout(undecoded) if undecoded is not None else None
         undropped = None
         if self.training and self.drop_path > 0:  # stochastic depth: a sample keeps all of PANM's output or none
             undropped = hidden_states
             batch_size = hidden_states.shape[0]
             keep = torch.rand(batch_size, 1, 1, device=hidden_states.device) >= self.drop_path  # (batch, 1, 1)
             hidden_states = hidden_states * keep.to(hidden_states.dtype) / (1.0 - self.drop_path)
-        return hidden_states, undropped, controller_hidden, weights
+        return hidden_states, undropped, undecoded, controller_hidden, weights
 
     def _causal_masks(
         self, memory: AddressedMemory, causal_positions: torch.Tensor, num_steps: int

@@ -94,7 +94,8 @@ class PanmMemoryConfig:
             beyond the paper: the output MLP `g^o` also reads the decoder state `z_t` (the paper's `g^o` reads the
             Mode-1/Mode-2 values and `h^c_t`; `z_t` reaches the output only through the Controller GRU). With
             `placement="replace"` this gives the decoder's state a path to the logits that does not pass the GRU.
-            Needs a decoder input (seq2seq, decoder-only; not the QA head).
+            With `PanmConfig.eos_decision="panm"` the end-of-sequence logit leaves that path out (`g^o` without its
+            `z_t` columns). Needs a decoder input (seq2seq, decoder-only; not the QA head).
         panm_dropout (`float`, *optional*, defaults to 0.0):
             dropout on the reads entering the Controller and on its output (the paper has none; the
             authors' code drops 0.5 of the Mode-2 attention).

@@ -338,6 +338,7 @@ class PanmForSeq2SeqLM(PanmPreTrainedModel, GenerationMixin):
             memory_dim=get_path(config.text_config, self.parts.memory_dim),
             decoder_input_size=decoder_dim,
             output_size=decoder_dim,
+            undecoded_output=config.eos_decision == "panm",  # the stop decision without g^o's z_t columns
         )
         # placement="residual": the Controller's output joins z_t as a post-LN Transformer sublayer.
         self.output_norm = nn.LayerNorm(decoder_dim) if config.placement == "residual" else None
@@ -385,8 +386,10 @@ class PanmForSeq2SeqLM(PanmPreTrainedModel, GenerationMixin):
 
     def _panm_eos_logits(self, logits: torch.Tensor, panm_output: PanmMemoryOutput) -> torch.Tensor:
         """`logits` with the end-of-sequence ones taken from PANM's output alone, before drop-path
-        (`eos_decision="panm"`): the LM head's EOS rows applied to the Controller's output."""
-        states = panm_output.undropped_hidden_states
+        (`eos_decision="panm"`): the LM head's EOS rows applied to the Controller's output (without `g^o`'s `z_t`
+        columns when it reads them, `output_decoder_input`)."""
+        states = panm_output.undecoded_hidden_states
+        states = panm_output.undropped_hidden_states if states is None else states
         states = panm_output.hidden_states if states is None else states  # (batch, tgt_len, decoder_dim)
         eos_ids = self._eos_token_ids(logits.device)  # (num_eos,)
         eos_logits = self._logits(states.to(logits.dtype), eos_ids)  # (batch, tgt_len, num_eos)

@@ -196,7 +196,13 @@ class PanmForCausalLM(PanmPreTrainedModel, GenerationMixin):
             )
         self.backbone = backbone
         hidden_size = get_path(config.text_config, self.parts.hidden_size)
-        self.panm = PanmMemory(config, memory_dim=hidden_size, decoder_input_size=hidden_size, output_size=hidden_size)
+        self.panm = PanmMemory(
+            config,
+            memory_dim=hidden_size,
+            decoder_input_size=hidden_size,
+            output_size=hidden_size,
+            undecoded_output=config.eos_decision == "panm",  # the stop decision without g^o's z_t columns
+        )
         self.post_init()
 
     @property
@@ -273,6 +279,7 @@ class PanmForCausalLM(PanmPreTrainedModel, GenerationMixin):
         out.address_attentions = _put_back(out.address_attentions, order, aligned_mask, length)
         out.mode2_attentions = _put_back(out.mode2_attentions, order, aligned_mask, length)
         out.undropped_hidden_states = _put_back(out.undropped_hidden_states, order, aligned_mask, length)
+        out.undecoded_hidden_states = _put_back(out.undecoded_hidden_states, order, aligned_mask, length)
         return _put_back(out.hidden_states, order, aligned_mask, length), out  # (batch, length, dim)
 
     def _prompt_prefill(
@@ -300,6 +307,7 @@ class PanmForCausalLM(PanmPreTrainedModel, GenerationMixin):
         out.address_attentions = _put_back(out.address_attentions, step_order, step_mask, length)
         out.mode2_attentions = _put_back(out.mode2_attentions, step_order, step_mask, length)
         out.undropped_hidden_states = _put_back(out.undropped_hidden_states, step_order, step_mask, length)
+        out.undecoded_hidden_states = _put_back(out.undecoded_hidden_states, step_order, step_mask, length)
         return _put_back(out.hidden_states, step_order, step_mask, length), out, is_step  # (batch, length, ...)
 
     def _cached_step(
@@ -389,8 +397,10 @@ class PanmForCausalLM(PanmPreTrainedModel, GenerationMixin):
         self, logits: torch.Tensor, panm_output: PanmMemoryOutput, panm_hidden: torch.Tensor, steps: torch.Tensor | None
     ) -> torch.Tensor:
         """`logits` with the end-of-sequence ones taken from PANM's output alone, before drop-path, at the
-        positions PANM decodes (`eos_decision="panm"`); elsewhere (the prompt, padding) they stay the backbone's."""
-        states = panm_output.undropped_hidden_states
+        positions PANM decodes (`eos_decision="panm"`; without `g^o`'s `z_t` columns when it reads them); elsewhere
+        (the prompt, padding) they stay the backbone's."""
+        states = panm_output.undecoded_hidden_states
+        states = panm_output.undropped_hidden_states if states is None else states
         states = panm_hidden if states is None else states  # (batch, new, dim)
         eos_ids = self._eos_token_ids(logits.device)  # (num_eos,)
         eos_logits = self._lm_head_rows(states.to(logits.dtype), eos_ids)  # (batch, new, num_eos)

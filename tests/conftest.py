@@ -87,13 +87,14 @@ def backbone_config(request):
 def tiny_memory(**kwargs):
     """A tiny `PanmMemory` in eval mode, seeded: memory 8, decoder input 6, output 5, b = 5.
 
-    `kwargs` override the sizes (`memory_dim`, `decoder_input_size`, `output_size`) or `PanmMemoryConfig` fields.
+    `kwargs` override the sizes (`memory_dim`, `decoder_input_size`, `output_size`), `undecoded_output` or
+    `PanmMemoryConfig` fields.
     """
     from panm_hf.memory import PanmMemory
     from panm_hf.memory_config import PanmMemoryConfig
 
-    sizes = {name: kwargs.pop(name, default) for name, default in
-             (("memory_dim", 8), ("decoder_input_size", 6), ("output_size", 5))}  # fmt: skip
+    defaults = (("memory_dim", 8), ("decoder_input_size", 6), ("output_size", 5), ("undecoded_output", False))
+    sizes = {name: kwargs.pop(name, default) for name, default in defaults}
     config = PanmMemoryConfig(**{"address_bits": 5, "pointer_hidden_size": 12, "controller_hidden_size": 12,
                                  "mlp_hidden_size": 10, **kwargs})  # fmt: skip
     torch.manual_seed(0)

@@ -62,6 +62,30 @@ def test_replace_already_decides_with_panm_alone():
                               shared(input_ids=input_ids, labels=labels).logits, atol=1e-6)  # fmt: skip
 
 
+@pytest.mark.parametrize("placement", ["replace", "stack"])
+def test_with_g_o_reading_z_t_the_eos_logit_leaves_z_t_out(placement):
+    """`output_decoder_input=True`: g^o also reads z_t, and the EOS logit is taken from g^o without those
+    columns: the logits of the same weights with g^o's z_t columns zeroed (their PANM output alone, "stack")."""
+    shared, deciding = pair(BACKBONES["bart"](), placement=placement, output_decoder_input=True)
+    zeroed = PanmForSeq2SeqLM(shared.config).eval()
+    zeroed.load_state_dict(shared.state_dict())
+    with torch.no_grad():
+        zeroed.panm.controller.output_mlp[0].weight[:, -16:] = 0  # z_t (d_model 16) comes last in g^o's input
+    input_ids, labels = make_inputs()
+    with torch.no_grad():
+        expected = shared(input_ids=input_ids, labels=labels).logits
+        actual = deciding(input_ids=input_ids, labels=labels).logits
+        reference = zeroed(input_ids=input_ids, labels=labels, output_hidden_states=True)
+    eos = eos_ids(deciding)
+    others = [token for token in range(actual.shape[-1]) if token not in eos]
+    assert torch.equal(actual[..., others], expected[..., others])
+    hidden = reference.decoder_hidden_states[-1]  # (batch, tgt_len, d_model): what the LM head reads
+    if placement == "stack":  # z_t + o_t: PANM's output alone is the difference
+        hidden = hidden - reference.decoder_hidden_states[-2]
+    torch.testing.assert_close(actual[..., eos], zeroed._logits(hidden)[..., eos], atol=1e-5, rtol=0)
+    assert (actual[..., eos] - expected[..., eos]).abs().max() > 1e-3
+
+
 def test_drop_path_never_drops_the_eos_decision():
     """In training a dropped sample loses PANM's output in every logit but the EOS one."""
     shared, deciding = pair(BACKBONES["bart"](), panm_drop_path=0.9)
@@ -78,8 +102,9 @@ def test_drop_path_never_drops_the_eos_decision():
     assert not torch.allclose(trained[..., others], evaluated[..., others])  # drop-path did act on them
 
 
-def test_cached_greedy_and_beam_decoding_match_uncached():
-    _, deciding = pair(BACKBONES["bart"](), placement="stack", content_read="decoder")
+@pytest.mark.parametrize("options", [{"placement": "stack"}, {"placement": "replace", "output_decoder_input": True}])
+def test_cached_greedy_and_beam_decoding_match_uncached(options):
+    _, deciding = pair(BACKBONES["bart"](), content_read="decoder", **options)
     input_ids, _ = make_inputs(batch_size=3)
     with torch.no_grad():
         for beams in (1, 2):

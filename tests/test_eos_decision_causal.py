@@ -80,6 +80,30 @@ def test_cached_steps_and_greedy_decoding_equal_the_full_forward(name):
     assert torch.equal(runs[0], runs[1]) and torch.equal(runs[2], runs[3])
 
 
+@pytest.mark.parametrize("causal_memory", MEMORIES)
+def test_with_g_o_reading_z_t_the_eos_logit_leaves_z_t_out(causal_memory):
+    """`output_decoder_input=True`: the EOS logit is PANM's output with g^o's z_t columns left out, i.e. PANM's
+    output from the same weights with those columns zeroed, where PANM decodes; the other logits are unchanged."""
+    shared, deciding = pair("gpt2", causal_memory, output_decoder_input=True)
+    zeroed = PanmForCausalLM(shared.config).eval()
+    zeroed.load_state_dict(shared.state_dict())
+    with torch.no_grad():
+        zeroed.panm.controller.output_mlp[0].weight[:, -16:] = 0  # z_t (n_embd 16) comes last in g^o's input
+    batch = training_batch()
+    with torch.no_grad():
+        expected = shared(**batch).logits
+        actual = deciding(**batch).logits
+        reference = zeroed(**batch, output_hidden_states=True)
+    assert torch.equal(actual[..., others(actual)], expected[..., others(actual)])
+    panm_alone = reference.hidden_states[-1] - reference.hidden_states[-2]  # (batch, length, dim)
+    alone = deciding.backbone.get_output_embeddings()(panm_alone)[..., EOS]  # (batch, length)
+    real = batch["attention_mask"].bool()
+    rank = batch["attention_mask"].cumsum(-1) - 1  # (batch, length)
+    steps = real & (rank >= prompt_lengths().unsqueeze(1) - 1) if causal_memory == "prompt" else real
+    torch.testing.assert_close(actual[..., EOS][steps], alone[steps], atol=1e-5, rtol=0)
+    assert (actual[..., EOS][steps] - expected[..., EOS][steps]).abs().max() > 1e-3
+
+
 def test_drop_path_never_drops_the_eos_decision():
     """In training a dropped row loses PANM's output in every logit but the EOS one."""
     _, deciding = pair("llama", "prompt", panm_drop_path=0.9)

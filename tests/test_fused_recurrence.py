@@ -239,7 +239,7 @@ def test_fused_controller_gru_equals_nn_gru(batch, steps, with_step_mask, dtype)
     results = {}
     for kernel in ("eager", "fused"):
         controller.recurrence_kernel = kernel
-        outputs, last = controller(reads, decoder, hidden, step_mask=step_mask)
+        outputs, last, _ = controller(reads, decoder, hidden, step_mask=step_mask)
         generator = torch.Generator().manual_seed(1)
         loss = (outputs * torch.randn(outputs.shape, generator=generator, dtype=dtype)).sum() + last.square().sum()
         leaves = [reads, decoder, hidden, *controller.parameters()]
@@ -271,7 +271,7 @@ def test_fused_controller_raises_or_falls_back_where_it_cannot_run():
     with pytest.raises(ValueError, match="Controller GRU"):
         controller(reads, None, hidden)
     controller.recurrence_kernel = "auto"
-    outputs, _ = controller(reads.float(), None, hidden.float())
+    outputs, _, _ = controller(reads.float(), None, hidden.float())
     assert outputs.shape == (2, 3, 2)
 
 
@@ -346,7 +346,7 @@ for dtype, tolerance in ((torch.float64, 1e-12), (torch.float32, 2e-5)):
         results = {}
         for kernel in ("eager", "fused", "triton"):
             controller.recurrence_kernel = kernel
-            outputs, last = controller(*leaves)
+            outputs, last, _ = controller(*leaves)
             projection = torch.randn(outputs.shape, generator=torch.Generator().manual_seed(1), dtype=dtype)
             loss = (outputs * projection).sum() + last.square().sum()
             grads = torch.autograd.grad(loss, [*leaves, *controller.parameters()], allow_unused=True)

@@ -410,6 +410,36 @@ def test_output_decoder_input_gives_the_same_outputs_and_gradients_on_every_kern
     torch.testing.assert_close(outputs[0][1], outputs[1][1])
 
 
+@pytest.mark.parametrize("content_read", ["none", "decoder", "controller"])
+def test_undecoded_output_is_g_o_without_its_z_t_columns(content_read):
+    """`undecoded_output=True` (what `eos_decision="panm"` reads): g^o's output with its z_t columns left out equals
+    the same memory's output with those columns of g^o's first layer zeroed; the rest of the output is unchanged."""
+    memory = tiny(output_decoder_input=True, content_read=content_read, undecoded_output=True)
+    zeroed = tiny(output_decoder_input=True, content_read=content_read)
+    zeroed.load_state_dict(memory.state_dict())
+    with torch.no_grad():
+        zeroed.controller.output_mlp[0].weight[:, -6:] = 0  # g^o's z_t columns (decoder input 6) come last
+    states, decoder = torch.randn(2, 5, 8), torch.randn(2, 4, 6)
+    out, reference = memory(states, decoder), zeroed(states, decoder)
+    torch.testing.assert_close(out.undecoded_hidden_states, reference.hidden_states)
+    assert not torch.allclose(out.undecoded_hidden_states, out.hidden_states, atol=1e-4)
+    plain = tiny(output_decoder_input=True, content_read=content_read)
+    plain.load_state_dict(memory.state_dict())
+    torch.testing.assert_close(out.hidden_states, plain(states, decoder).hidden_states)
+    assert plain(states, decoder).undecoded_hidden_states is None
+    # step by step (the cached path) equals all steps at once
+    bound, state, steps = memory.bind(states), None, []
+    for t in range(4):
+        step = memory(bound, decoder[:, t : t + 1], state=state)
+        state, steps = step.state, steps + [step.undecoded_hidden_states]
+    torch.testing.assert_close(torch.cat(steps, dim=1), out.undecoded_hidden_states, atol=1e-6, rtol=1e-5)
+
+
+def test_undecoded_output_is_none_when_g_o_does_not_read_z_t():
+    memory = tiny(undecoded_output=True)
+    assert memory(torch.randn(2, 5, 8), torch.randn(2, 4, 6)).undecoded_hidden_states is None
+
+
 def test_output_decoder_input_errors_name_the_field():
     with pytest.raises(ValueError, match="output_decoder_input"):
         tiny(output_decoder_input=True, decoder_input_size=0)
