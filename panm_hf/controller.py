@@ -126,6 +126,8 @@ class Controller(nn.Module):
         outputs = self.output_mlp(rows).reshape(batch, steps, -1)  # (batch, steps, out)
         if not self.undecoded_output:
             return outputs, None
+        # the first layer again on the other columns (a view of `rows`, no copy): splitting the full output's
+        # matmul at the z_t columns would change its rounding, and every other logit must equal "shared"'s exactly
         first, activation, last = self.output_mlp
         own_rows = rows[:, : rows.shape[-1] - self.decoder_input_size]  # (batch*steps, in - decoder_input)
         hidden = nn.functional.linear(own_rows, first.weight[:, : own_rows.shape[-1]], first.bias)  # (b*steps, mlp)

@@ -51,6 +51,13 @@ class PanmMemoryOutput:
     undropped_hidden_states: torch.Tensor | None = None
     undecoded_hidden_states: torch.Tensor | None = None
 
+    def stop_states(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """What `eos_decision="panm"` reads: `g^o`'s outputs without its `z_t` columns when computed, else the
+        outputs before drop-path when it acted, else `hidden_states` (the caller's layout of `hidden_states`)."""
+        if self.undecoded_hidden_states is not None:
+            return self.undecoded_hidden_states
+        return hidden_states if self.undropped_hidden_states is None else self.undropped_hidden_states
+
 
 @traced_cache
 def _offset_numerators(num_pointer_units: int, device: torch.device) -> torch.Tensor:

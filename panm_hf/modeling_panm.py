@@ -388,9 +388,7 @@ class PanmForSeq2SeqLM(PanmPreTrainedModel, GenerationMixin):
         """`logits` with the end-of-sequence ones taken from PANM's output alone, before drop-path
         (`eos_decision="panm"`): the LM head's EOS rows applied to the Controller's output (without `g^o`'s `z_t`
         columns when it reads them, `output_decoder_input`)."""
-        states = panm_output.undecoded_hidden_states
-        states = panm_output.undropped_hidden_states if states is None else states
-        states = panm_output.hidden_states if states is None else states  # (batch, tgt_len, decoder_dim)
+        states = panm_output.stop_states(panm_output.hidden_states)  # (batch, tgt_len, decoder_dim)
         eos_ids = self._eos_token_ids(logits.device)  # (num_eos,)
         eos_logits = self._logits(states.to(logits.dtype), eos_ids)  # (batch, tgt_len, num_eos)
         return logits.index_copy(-1, eos_ids, eos_logits)  # (batch, tgt_len, vocab)

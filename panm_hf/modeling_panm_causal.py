@@ -399,9 +399,7 @@ class PanmForCausalLM(PanmPreTrainedModel, GenerationMixin):
         """`logits` with the end-of-sequence ones taken from PANM's output alone, before drop-path, at the
         positions PANM decodes (`eos_decision="panm"`; without `g^o`'s `z_t` columns when it reads them); elsewhere
         (the prompt, padding) they stay the backbone's."""
-        states = panm_output.undecoded_hidden_states
-        states = panm_output.undropped_hidden_states if states is None else states
-        states = panm_hidden if states is None else states  # (batch, new, dim)
+        states = panm_output.stop_states(panm_hidden)  # (batch, new, dim)
         eos_ids = self._eos_token_ids(logits.device)  # (num_eos,)
         eos_logits = self._lm_head_rows(states.to(logits.dtype), eos_ids)  # (batch, new, num_eos)
         if steps is not None:  # (batch, new) bool where PANM decodes; None: at every new token
