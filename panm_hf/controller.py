@@ -63,6 +63,7 @@ class Controller(nn.Module):
         output_decoder_size = decoder_input_size if config.output_decoder_input else 0
         self.output_reads_decoder = output_decoder_size > 0
         self.undecoded_output = undecoded_output and self.output_reads_decoder
+        self.decoder_drop_path = config.output_decoder_drop_path if self.output_reads_decoder else 0.0
         self.initial_state = nn.Linear(memory_dim, hidden_size)
         # the authors' state-driven attention over M; its value is the last part of the GRU and g^o inputs
         self.content_reader = (
@@ -122,6 +123,11 @@ class Controller(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """`g^o` over its input rows (`parts`, then the `z_t` rows when `g^o` reads the decoder state):
         `(outputs (batch, steps, out), the outputs without the z_t columns (batch, steps, out) or None)`."""
+        if self.training and self.decoder_drop_path > 0 and decoder_rows is not None:
+            # a sample's g^o sees its z_t at every step or at none (`output_decoder_drop_path`)
+            keep = torch.rand(batch, 1, 1, device=decoder_rows.device) >= self.decoder_drop_path  # (batch, 1, 1)
+            keep = keep.expand(batch, steps, 1).reshape(batch * steps, 1)  # (batch*steps, 1)
+            decoder_rows = decoder_rows * keep.to(decoder_rows.dtype) / (1.0 - self.decoder_drop_path)
         rows = torch.cat([*parts, decoder_rows] if self.output_reads_decoder else parts, dim=-1)  # (b*steps, in)
         outputs = self.output_mlp(rows).reshape(batch, steps, -1)  # (batch, steps, out)
         if not self.undecoded_output:

@@ -96,6 +96,11 @@ class PanmMemoryConfig:
             `placement="replace"` this gives the decoder's state a path to the logits that does not pass the GRU.
             With `PanmConfig.eos_decision="panm"` the end-of-sequence logit leaves that path out (`g^o` without its
             `z_t` columns). Needs a decoder input (seq2seq, decoder-only; not the QA head).
+        output_decoder_drop_path (`float`, *optional*, defaults to 0.0):
+            beyond the paper, with `output_decoder_input`: in training, the probability that a sample's `g^o` gets
+            no `z_t` at any step (its `z_t` columns' input set to zero; kept ones scaled by `1 / (1 - p)`), so that
+            the reads and `h^c_t` learn to produce the output without the decoder's state beside them; no effect
+            in eval. 0 disables it.
         panm_dropout (`float`, *optional*, defaults to 0.0):
             dropout on the reads entering the Controller and on its output (the paper has none; the
             authors' code drops 0.5 of the Mode-2 attention).
@@ -177,6 +182,10 @@ class PanmMemoryConfig:
     output_decoder_input: bool = field(
         default=False, metadata={"help": "PANM, beyond the paper: g^o also reads the decoder state z_t."}
     )
+    output_decoder_drop_path: float = field(
+        default=0.0,
+        metadata={"help": "PANM, with output_decoder_input: training probability that a sample's g^o gets no z_t."},
+    )
     panm_dropout: float = field(default=0.0, metadata={"help": "Dropout on PANM's reads and output (paper: 0)."})
     panm_drop_path: float = field(
         default=0.0, metadata={"help": "Training: probability of dropping a sample's whole PANM output (0: off)."}
@@ -253,7 +262,7 @@ CHOICES = {
     "content_read": (CONTENT_READS, ' ("none" is the paper\'s equations)'),
     "recurrence_kernel": (RECURRENCE_KERNELS, ' ("auto" fuses the Pointer-Unit loop where it can)'),
 }
-PROBABILITIES = ("panm_dropout", "panm_drop_path")
+PROBABILITIES = ("panm_dropout", "panm_drop_path", "output_decoder_drop_path")
 FORCED_KERNELS = ("fused", "triton")  # settings that raise rather than fall back to the eager loops
 # (when the fields conflict, the message naming them and the fix)
 CONFLICTS = (
@@ -271,6 +280,11 @@ CONFLICTS = (
         lambda c: c.shift_init != "uniform" and c.pointer_update != "shift",
         lambda c: f'shift_init={c.shift_init!r} sets the starting moves of pointer_update="shift" and does nothing '
         f'with pointer_update={c.pointer_update!r}; set pointer_update="shift" or shift_init="uniform".',
+    ),
+    (
+        lambda c: c.output_decoder_drop_path > 0 and not c.output_decoder_input,
+        lambda c: f"output_decoder_drop_path={c.output_decoder_drop_path} drops the decoder state z_t that g^o reads "
+        "under output_decoder_input, which is False; set output_decoder_input=True or output_decoder_drop_path=0.",
     ),
     (
         lambda c: c.pointer_update == "shift" and c.address_distractors > 0,

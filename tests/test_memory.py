@@ -435,6 +435,39 @@ def test_undecoded_output_is_g_o_without_its_z_t_columns(content_read):
     torch.testing.assert_close(torch.cat(steps, dim=1), out.undecoded_hidden_states, atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.parametrize("content_read", ["none", "controller"])
+def test_output_decoder_drop_path_gives_each_sample_g_o_with_all_or_none_of_its_z_t(content_read):
+    """In training, `output_decoder_drop_path` hands each sample's g^o either no z_t at any step (its output is then
+    g^o without the z_t columns) or z_t scaled by 1 / (1 - p); in eval it changes nothing."""
+    memory = tiny(output_decoder_input=True, output_decoder_drop_path=0.5, content_read=content_read,
+                  undecoded_output=True)  # fmt: skip
+    scaled = tiny(output_decoder_input=True, content_read=content_read)
+    scaled.load_state_dict(memory.state_dict())
+    with torch.no_grad():
+        scaled.controller.output_mlp[0].weight[:, -6:] *= 2.0  # 1 / (1 - 0.5) on g^o's z_t columns
+    states, decoder, base = torch.randn(8, 5, 8), torch.randn(8, 4, 6), torch.arange(8) * 3
+    torch.manual_seed(3)
+    out = memory.train()(states, decoder, base_address=base)
+    kept = scaled(states, decoder, base_address=base).hidden_states
+    dropped = (out.hidden_states - out.undecoded_hidden_states).abs().amax(dim=(1, 2)) < 1e-6  # (batch,)
+    # each sample is exactly one of the two, at every step
+    expected = torch.where(dropped[:, None, None], out.undecoded_hidden_states, kept)  # (batch, steps, out)
+    torch.testing.assert_close(out.hidden_states, expected)
+    assert 0 < int(dropped.sum()) < 8
+    plain = tiny(output_decoder_input=True, content_read=content_read)
+    plain.load_state_dict(memory.state_dict())
+    torch.testing.assert_close(memory.eval()(states, decoder).hidden_states, plain(states, decoder).hidden_states)
+
+
+def test_output_decoder_drop_path_needs_output_decoder_input():
+    from panm_hf.memory_config import PanmMemoryConfig
+
+    with pytest.raises(ValueError, match="output_decoder_drop_path=0.3 .* set output_decoder_input=True"):
+        PanmMemoryConfig(output_decoder_drop_path=0.3)
+    with pytest.raises(ValueError, match="output_decoder_drop_path must be a probability"):
+        PanmMemoryConfig(output_decoder_input=True, output_decoder_drop_path=1.0)
+
+
 def test_undecoded_output_is_none_when_g_o_does_not_read_z_t():
     memory = tiny(undecoded_output=True)
     assert memory(torch.randn(2, 5, 8), torch.randn(2, 4, 6)).undecoded_hidden_states is None
