@@ -28,6 +28,14 @@ from .memory_config import PanmMemoryConfig
 from .reads import ControllerContentReader
 
 
+def drop_samples(hidden_states: torch.Tensor, probability: float) -> torch.Tensor:
+    """Stochastic depth over a `(batch, steps, dim)` tensor: each sample is kept at every step or zeroed at every
+    step, with `probability`; kept samples are scaled by `1 / (1 - probability)`."""
+    batch = hidden_states.shape[0]
+    keep = torch.rand(batch, 1, 1, device=hidden_states.device) >= probability  # (batch, 1, 1)
+    return hidden_states * keep.to(hidden_states.dtype) / (1.0 - probability)
+
+
 class Controller(nn.Module):
     """Controller GRU plus output MLP `g^o`.
 
@@ -125,9 +133,8 @@ class Controller(nn.Module):
         `(outputs (batch, steps, out), the outputs without the z_t columns (batch, steps, out) or None)`."""
         if self.training and self.decoder_drop_path > 0 and decoder_rows is not None:
             # a sample's g^o sees its z_t at every step or at none (`output_decoder_drop_path`)
-            keep = torch.rand(batch, 1, 1, device=decoder_rows.device) >= self.decoder_drop_path  # (batch, 1, 1)
-            keep = keep.expand(batch, steps, 1).reshape(batch * steps, 1)  # (batch*steps, 1)
-            decoder_rows = decoder_rows * keep.to(decoder_rows.dtype) / (1.0 - self.decoder_drop_path)
+            dropped = drop_samples(decoder_rows.reshape(batch, steps, -1), self.decoder_drop_path)  # (b, steps, in)
+            decoder_rows = dropped.reshape(batch * steps, -1)  # (batch*steps, decoder_input)
         rows = torch.cat([*parts, decoder_rows] if self.output_reads_decoder else parts, dim=-1)  # (b*steps, in)
         outputs = self.output_mlp(rows).reshape(batch, steps, -1)  # (batch, steps, out)
         if not self.undecoded_output:

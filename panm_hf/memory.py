@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from .addressing import address_codes, check_capacity, sample_base_address, sample_distractor_addresses
-from .controller import Controller
+from .controller import Controller, drop_samples
 from .memo import traced_cache
 from .memory_config import PanmMemoryConfig
 from .pointer_unit import PointerUnits
@@ -409,9 +409,7 @@ class PanmMemory(nn.Module):
         undropped = None
         if self.training and self.drop_path > 0:  # stochastic depth: a sample keeps all of PANM's output or none
             undropped = hidden_states
-            batch_size = hidden_states.shape[0]
-            keep = torch.rand(batch_size, 1, 1, device=hidden_states.device) >= self.drop_path  # (batch, 1, 1)
-            hidden_states = hidden_states * keep.to(hidden_states.dtype) / (1.0 - self.drop_path)
+            hidden_states = drop_samples(hidden_states, self.drop_path)
         return hidden_states, undropped, undecoded, controller_hidden, weights
 
     def _causal_masks(
