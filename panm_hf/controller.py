@@ -82,9 +82,11 @@ class Controller(nn.Module):
         self.content_dropout = nn.Dropout(config.panm_dropout)
         content_size = memory_dim if self.content_reader is not None else 0
         self.gru = nn.GRU(read_size + decoder_input_size + content_size, hidden_size, batch_first=True)
+        # `mlp_dropout` joins the activation, so the two linears keep their indices (and checkpoints their keys)
+        activation = nn.Sequential(nn.ReLU(), nn.Dropout(config.mlp_dropout)) if config.mlp_dropout > 0 else nn.ReLU()
         self.output_mlp = nn.Sequential(
             nn.Linear(read_size + content_size + hidden_size + output_decoder_size, config.mlp_hidden_size),
-            nn.ReLU(),
+            activation,
             nn.Linear(config.mlp_hidden_size, output_size),
         )
 

@@ -104,6 +104,9 @@ class PanmMemoryConfig:
         panm_dropout (`float`, *optional*, defaults to 0.0):
             dropout on the reads entering the Controller and on its output (the paper has none; the
             authors' code drops 0.5 of the Mode-2 attention).
+        mlp_dropout (`float`, *optional*, defaults to 0.0):
+            beyond the paper: dropout on `g^o`'s hidden layer (its `mlp_hidden_size` units, after the ReLU), as a
+            Transformer's FFN drops its activations; regularises a wide `g^o` without dropping the reads.
         panm_drop_path (`float`, *optional*, defaults to 0.0):
             beyond the paper: in training, the probability that a sample's whole PANM output is dropped
             (set to zero; kept outputs are scaled by `1 / (1 - p)`), stochastic depth on PANM's branch.
@@ -187,6 +190,9 @@ class PanmMemoryConfig:
         metadata={"help": "PANM, with output_decoder_input: training probability that a sample's g^o gets no z_t."},
     )
     panm_dropout: float = field(default=0.0, metadata={"help": "Dropout on PANM's reads and output (paper: 0)."})
+    mlp_dropout: float = field(
+        default=0.0, metadata={"help": "PANM, beyond the paper: dropout on g^o's hidden layer (0: off)."}
+    )
     panm_drop_path: float = field(
         default=0.0, metadata={"help": "Training: probability of dropping a sample's whole PANM output (0: off)."}
     )
@@ -262,7 +268,7 @@ CHOICES = {
     "content_read": (CONTENT_READS, ' ("none" is the paper\'s equations)'),
     "recurrence_kernel": (RECURRENCE_KERNELS, ' ("auto" fuses the Pointer-Unit loop where it can)'),
 }
-PROBABILITIES = ("panm_dropout", "panm_drop_path", "output_decoder_drop_path")
+PROBABILITIES = ("panm_dropout", "panm_drop_path", "output_decoder_drop_path", "mlp_dropout")
 FORCED_KERNELS = ("fused", "triton")  # settings that raise rather than fall back to the eager loops
 # (when the fields conflict, the message naming them and the fix)
 CONFLICTS = (

@@ -459,6 +459,32 @@ def test_output_decoder_drop_path_gives_each_sample_g_o_with_all_or_none_of_its_
     torch.testing.assert_close(memory.eval()(states, decoder).hidden_states, plain(states, decoder).hidden_states)
 
 
+@pytest.mark.parametrize("output_decoder_input", [False, True])
+def test_mlp_dropout_drops_g_o_hidden_units_in_training_only_and_keeps_checkpoint_keys(output_decoder_input):
+    """`mlp_dropout` zeroes g^o's hidden units (after the ReLU) in training, the rest scaled by 1 / (1 - p), and the
+    output is g^o's last linear of exactly that; eval equals a model without it loaded from the same state dict."""
+    memory = tiny(mlp_dropout=0.5, output_decoder_input=output_decoder_input)
+    plain = tiny(output_decoder_input=output_decoder_input)
+    plain.load_state_dict(memory.state_dict())  # strict: the option adds no parameter and moves no key
+    first, activation, last = memory.controller.output_mlp
+    seen = {}
+    hooks = [first.register_forward_hook(lambda m, i, o: seen.update(pre=o)),
+             activation.register_forward_hook(lambda m, i, o: seen.update(post=o)),
+             last.register_forward_hook(lambda m, i, o: seen.update(out=o))]  # fmt: skip
+    states, decoder = torch.randn(4, 5, 8), torch.randn(4, 3, 6)
+    memory.train()(states, decoder, base_address=torch.arange(4) * 2)
+    for hook in hooks:
+        hook.remove()
+    relu = seen["pre"].clamp(min=0)
+    zeroed = (seen["post"] == 0) & (relu > 0)
+    torch.testing.assert_close(torch.where(zeroed, 0.0, relu * 2.0), seen["post"])  # 1 / (1 - 0.5)
+    assert 0.3 < float(zeroed.sum() / (relu > 0).sum()) < 0.7
+    torch.testing.assert_close(seen["out"], last(seen["post"]))
+    torch.testing.assert_close(memory.eval()(states, decoder).hidden_states, plain(states, decoder).hidden_states)
+    with pytest.raises(ValueError, match="mlp_dropout must be a probability"):
+        tiny(mlp_dropout=1.0)
+
+
 def test_output_decoder_drop_path_needs_output_decoder_input():
     from panm_hf.memory_config import PanmMemoryConfig
 
