@@ -79,7 +79,7 @@ class Controller(nn.Module):
             if config.content_read == "controller"
             else None
         )
-        self.content_dropout = nn.Dropout(config.panm_dropout)
+        self.content_dropout = nn.Dropout(config.panm_dropout if config.reads_dropout is None else config.reads_dropout)
         content_size = memory_dim if self.content_reader is not None else 0
         self.gru = nn.GRU(read_size + decoder_input_size + content_size, hidden_size, batch_first=True)
         # `mlp_dropout` joins the activation, so the two linears keep their indices (and checkpoints their keys)

@@ -131,7 +131,9 @@ class PanmMemory(nn.Module):
             if config.content_read == "decoder"
             else None
         )
-        self.dropout = nn.Dropout(config.panm_dropout)
+        self.dropout = nn.Dropout(config.panm_dropout)  # on PANM's output, and on the reads unless reads_dropout
+        reads_dropout = config.panm_dropout if config.reads_dropout is None else config.reads_dropout
+        self.reads_dropout = nn.Dropout(reads_dropout)
         self.drop_path = config.panm_drop_path
         num_reads = config.num_pointer_units + config.num_mode2_heads + (self.content_reader is not None)
         self.controller = Controller(
@@ -397,12 +399,12 @@ class PanmMemory(nn.Module):
         weights = None
         if self.controller.content_reader is not None:  # content_read="controller": steps one at a time
             hidden_states, controller_hidden, weights, undecoded = self.controller.attentive_forward(
-                self.dropout(reads), decoder_states, controller_hidden, memory.memory_states, slot_mask,
+                self.reads_dropout(reads), decoder_states, controller_hidden, memory.memory_states, slot_mask,
                 step_mask=step_mask,
             )  # fmt: skip
         else:
             hidden_states, controller_hidden, undecoded = self.controller(
-                self.dropout(reads), decoder_states, controller_hidden, step_mask=step_mask
+                self.reads_dropout(reads), decoder_states, controller_hidden, step_mask=step_mask
             )
         hidden_states = self.dropout(hidden_states)
         undecoded = self.dropout(undecoded) if undecoded is not None else None

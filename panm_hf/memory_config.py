@@ -104,6 +104,10 @@ class PanmMemoryConfig:
         panm_dropout (`float`, *optional*, defaults to 0.0):
             dropout on the reads entering the Controller and on its output (the paper has none; the
             authors' code drops 0.5 of the Mode-2 attention).
+        reads_dropout (`float`, *optional*):
+            beyond the paper: dropout on the reads alone; `None` (the default) takes `panm_dropout`, as
+            `classifier_dropout` falls back in transformers' configs. `reads_dropout=0` with `panm_dropout > 0`
+            drops PANM's output only.
         mlp_dropout (`float`, *optional*, defaults to 0.0):
             beyond the paper: dropout on `g^o`'s hidden layer (its `mlp_hidden_size` units, after the ReLU), as a
             Transformer's FFN drops its activations; regularises a wide `g^o` without dropping the reads.
@@ -190,6 +194,9 @@ class PanmMemoryConfig:
         metadata={"help": "PANM, with output_decoder_input: training probability that a sample's g^o gets no z_t."},
     )
     panm_dropout: float = field(default=0.0, metadata={"help": "Dropout on PANM's reads and output (paper: 0)."})
+    reads_dropout: float | None = field(
+        default=None, metadata={"help": "PANM, beyond the paper: dropout on the reads alone (default: panm_dropout)."}
+    )
     mlp_dropout: float = field(
         default=0.0, metadata={"help": "PANM, beyond the paper: dropout on g^o's hidden layer (0: off)."}
     )
@@ -236,6 +243,8 @@ class PanmMemoryConfig:
             )
         for name in PROBABILITIES:
             value = getattr(self, name)
+            if name in OPTIONAL_PROBABILITIES and value is None:
+                continue
             if not _is_number(value) or not 0.0 <= value < 1.0:
                 raise ValueError(f"{name} must be a probability in [0, 1) (got {value!r}); 0 disables it.")
         for conflict, message in CONFLICTS:
@@ -268,7 +277,8 @@ CHOICES = {
     "content_read": (CONTENT_READS, ' ("none" is the paper\'s equations)'),
     "recurrence_kernel": (RECURRENCE_KERNELS, ' ("auto" fuses the Pointer-Unit loop where it can)'),
 }
-PROBABILITIES = ("panm_dropout", "panm_drop_path", "output_decoder_drop_path", "mlp_dropout")
+PROBABILITIES = ("panm_dropout", "panm_drop_path", "output_decoder_drop_path", "mlp_dropout", "reads_dropout")
+OPTIONAL_PROBABILITIES = ("reads_dropout",)  # None: falls back to another field
 FORCED_KERNELS = ("fused", "triton")  # settings that raise rather than fall back to the eager loops
 # (when the fields conflict, the message naming them and the fix)
 CONFLICTS = (

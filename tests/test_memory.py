@@ -485,6 +485,25 @@ def test_mlp_dropout_drops_g_o_hidden_units_in_training_only_and_keeps_checkpoin
         tiny(mlp_dropout=1.0)
 
 
+def test_reads_dropout_zero_drops_panm_output_only_and_none_follows_panm_dropout():
+    """`reads_dropout=0` with `panm_dropout > 0` leaves the reads whole and drops PANM's output (the Controller's
+    input equals eval's); `reads_dropout=None` drops the reads as `panm_dropout` always has."""
+    states, decoder, base = torch.randn(4, 5, 8), torch.randn(4, 3, 6), torch.arange(4) * 2
+    reference = tiny(content_read="decoder").eval()
+    seen = {}
+    reference.controller.register_forward_hook(lambda m, i, o: seen.update(eval=i[0]))
+    reference(states, decoder, base_address=base)
+    for reads_dropout, whole in ((0.0, True), (None, False)):
+        memory = tiny(content_read="decoder", panm_dropout=0.5, reads_dropout=reads_dropout)
+        memory.load_state_dict(reference.state_dict())
+        memory.controller.register_forward_hook(lambda m, i, o: seen.update(train=i[0]))
+        out = memory.train()(states, decoder, base_address=base)
+        assert torch.equal(seen["train"], seen["eval"]) is whole
+        assert 0.3 < float((out.hidden_states == 0).float().mean()) < 0.7  # the output is dropped either way
+    with pytest.raises(ValueError, match="reads_dropout must be a probability"):
+        tiny(reads_dropout=1.5)
+
+
 def test_output_decoder_drop_path_needs_output_decoder_input():
     from panm_hf.memory_config import PanmMemoryConfig
 
