@@ -17,7 +17,7 @@ from torch import nn
 from .addressing import address_codes, check_capacity, sample_base_address, sample_distractor_addresses
 from .controller import Controller, drop_samples
 from .memo import traced_cache
-from .memory_config import PanmMemoryConfig
+from .memory_config import PanmMemoryConfig, reads_dropout_rate
 from .pointer_unit import PointerUnits
 from .reads import DecoderContentReader, Mode2Reader, mode1_read
 from .state import AddressedMemory, PanmState
@@ -132,8 +132,7 @@ class PanmMemory(nn.Module):
             else None
         )
         self.dropout = nn.Dropout(config.panm_dropout)  # on PANM's output, and on the reads unless reads_dropout
-        reads_dropout = config.panm_dropout if config.reads_dropout is None else config.reads_dropout
-        self.reads_dropout = nn.Dropout(reads_dropout)
+        self.reads_dropout = nn.Dropout(reads_dropout_rate(config))
         self.drop_path = config.panm_drop_path
         num_reads = config.num_pointer_units + config.num_mode2_heads + (self.content_reader is not None)
         self.controller = Controller(

@@ -279,6 +279,11 @@ CHOICES = {
 }
 PROBABILITIES = ("panm_dropout", "panm_drop_path", "output_decoder_drop_path", "mlp_dropout", "reads_dropout")
 OPTIONAL_PROBABILITIES = ("reads_dropout",)  # None: falls back to another field
+
+
+def reads_dropout_rate(config) -> float:
+    """The reads' dropout: `reads_dropout`, or `panm_dropout` where it is None."""
+    return config.panm_dropout if config.reads_dropout is None else config.reads_dropout
 FORCED_KERNELS = ("fused", "triton")  # settings that raise rather than fall back to the eager loops
 # (when the fields conflict, the message naming them and the fix)
 CONFLICTS = (
