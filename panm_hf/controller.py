@@ -24,7 +24,7 @@ from torch import nn
 
 from panm_hf.kernels.dispatch import Call, decide, fused_op, require
 
-from .memory_config import PanmMemoryConfig, reads_dropout_rate
+from .memory_config import PanmMemoryConfig, content_read_dropout_rate
 from .reads import ControllerContentReader
 
 
@@ -79,7 +79,7 @@ class Controller(nn.Module):
             if config.content_read == "controller"
             else None
         )
-        self.content_dropout = nn.Dropout(reads_dropout_rate(config))
+        self.content_dropout = nn.Dropout(content_read_dropout_rate(config))
         content_size = memory_dim if self.content_reader is not None else 0
         self.gru = nn.GRU(read_size + decoder_input_size + content_size, hidden_size, batch_first=True)
         # `mlp_dropout` joins the activation, so the two linears keep their indices (and checkpoints their keys)

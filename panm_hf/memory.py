@@ -17,7 +17,7 @@ from torch import nn
 from .addressing import address_codes, check_capacity, sample_base_address, sample_distractor_addresses
 from .controller import Controller, drop_samples
 from .memo import traced_cache
-from .memory_config import PanmMemoryConfig, reads_dropout_rate
+from .memory_config import PanmMemoryConfig, content_read_dropout_rate, reads_dropout_rate
 from .pointer_unit import PointerUnits
 from .reads import DecoderContentReader, Mode2Reader, mode1_read
 from .state import AddressedMemory, PanmState
@@ -133,6 +133,13 @@ class PanmMemory(nn.Module):
         )
         self.dropout = nn.Dropout(config.panm_dropout)  # on PANM's output, and on the reads unless reads_dropout
         self.reads_dropout = nn.Dropout(reads_dropout_rate(config))
+        # the decoder content read's own rate, only where it differs: one dropout over all reads otherwise, as before
+        content_rate = content_read_dropout_rate(config)
+        self.content_read_dropout = (
+            nn.Dropout(content_rate)
+            if self.content_reader is not None and content_rate != reads_dropout_rate(config)
+            else None
+        )
         self.drop_path = config.panm_drop_path
         num_reads = config.num_pointer_units + config.num_mode2_heads + (self.content_reader is not None)
         self.controller = Controller(
@@ -383,6 +390,14 @@ class PanmMemory(nn.Module):
             reads.append(content_values.reshape(mode1_values.shape[0], -1))  # (batch*steps, dim)
         return torch.cat(reads, dim=-1), mode2_weights, content_weights  # (batch*steps, num_reads*dim), ...
 
+    def _drop_reads(self, reads: torch.Tensor) -> torch.Tensor:
+        """Dropout on the reads `(batch*steps, num_reads*dim)`: the decoder content read, their last `dim` columns,
+        at `content_read_dropout` where that differs from the pointer reads' rate."""
+        if self.content_read_dropout is None:
+            return self.reads_dropout(reads)
+        pointer_reads, content = reads.split([reads.shape[-1] - self.memory_dim, self.memory_dim], dim=-1)
+        return torch.cat([self.reads_dropout(pointer_reads), self.content_read_dropout(content)], dim=-1)
+
     def _control(
         self,
         reads: torch.Tensor,
@@ -398,12 +413,12 @@ class PanmMemory(nn.Module):
         weights = None
         if self.controller.content_reader is not None:  # content_read="controller": steps one at a time
             hidden_states, controller_hidden, weights, undecoded = self.controller.attentive_forward(
-                self.reads_dropout(reads), decoder_states, controller_hidden, memory.memory_states, slot_mask,
+                self._drop_reads(reads), decoder_states, controller_hidden, memory.memory_states, slot_mask,
                 step_mask=step_mask,
             )  # fmt: skip
         else:
             hidden_states, controller_hidden, undecoded = self.controller(
-                self.reads_dropout(reads), decoder_states, controller_hidden, step_mask=step_mask
+                self._drop_reads(reads), decoder_states, controller_hidden, step_mask=step_mask
             )
         hidden_states = self.dropout(hidden_states)
         undecoded = self.dropout(undecoded) if undecoded is not None else None

@@ -108,6 +108,10 @@ class PanmMemoryConfig:
             beyond the paper: dropout on the reads alone; `None` (the default) takes `panm_dropout`, as
             `classifier_dropout` falls back in transformers' configs. `reads_dropout=0` with `panm_dropout > 0`
             drops PANM's output only.
+        content_read_dropout (`float`, *optional*):
+            beyond the paper, with `content_read="decoder"` or `"controller"`: dropout on the content read's value
+            alone; `None` (the default) takes the reads' rate. With `reads_dropout=0` it regularises the read that
+            acts as cross-attention and leaves the pointer reads (Mode 1, Mode 2) whole.
         mlp_dropout (`float`, *optional*, defaults to 0.0):
             beyond the paper: dropout on `g^o`'s hidden layer (its `mlp_hidden_size` units, after the ReLU), as a
             Transformer's FFN drops its activations; regularises a wide `g^o` without dropping the reads.
@@ -197,6 +201,10 @@ class PanmMemoryConfig:
     reads_dropout: float | None = field(
         default=None, metadata={"help": "PANM, beyond the paper: dropout on the reads alone (default: panm_dropout)."}
     )
+    content_read_dropout: float | None = field(
+        default=None,
+        metadata={"help": "PANM, beyond the paper: dropout on the content read alone (default: the reads' rate)."},
+    )
     mlp_dropout: float = field(
         default=0.0, metadata={"help": "PANM, beyond the paper: dropout on g^o's hidden layer (0: off)."}
     )
@@ -277,13 +285,21 @@ CHOICES = {
     "content_read": (CONTENT_READS, ' ("none" is the paper\'s equations)'),
     "recurrence_kernel": (RECURRENCE_KERNELS, ' ("auto" fuses the Pointer-Unit loop where it can)'),
 }
-PROBABILITIES = ("panm_dropout", "panm_drop_path", "output_decoder_drop_path", "mlp_dropout", "reads_dropout")
-OPTIONAL_PROBABILITIES = ("reads_dropout",)  # None: falls back to another field
+PROBABILITIES = (
+    "panm_dropout", "panm_drop_path", "output_decoder_drop_path", "mlp_dropout", "reads_dropout",
+    "content_read_dropout",
+)  # fmt: skip
+OPTIONAL_PROBABILITIES = ("reads_dropout", "content_read_dropout")  # None: falls back to another field
 
 
 def reads_dropout_rate(config) -> float:
     """The reads' dropout: `reads_dropout`, or `panm_dropout` where it is None."""
     return config.panm_dropout if config.reads_dropout is None else config.reads_dropout
+
+
+def content_read_dropout_rate(config) -> float:
+    """The content read's dropout: `content_read_dropout`, or the reads' rate where it is None."""
+    return reads_dropout_rate(config) if config.content_read_dropout is None else config.content_read_dropout
 FORCED_KERNELS = ("fused", "triton")  # settings that raise rather than fall back to the eager loops
 # (when the fields conflict, the message naming them and the fix)
 CONFLICTS = (
@@ -306,6 +322,11 @@ CONFLICTS = (
         lambda c: c.output_decoder_drop_path > 0 and not c.output_decoder_input,
         lambda c: f"output_decoder_drop_path={c.output_decoder_drop_path} drops the decoder state z_t that g^o reads "
         "under output_decoder_input, which is False; set output_decoder_input=True or output_decoder_drop_path=0.",
+    ),
+    (
+        lambda c: c.content_read_dropout is not None and c.content_read == "none",
+        lambda c: f"content_read_dropout={c.content_read_dropout} drops the content read, and content_read is "
+        '"none"; set content_read="decoder" or "controller", or content_read_dropout=None.',
     ),
     (
         lambda c: c.pointer_update == "shift" and c.address_distractors > 0,

@@ -504,6 +504,35 @@ def test_reads_dropout_zero_drops_panm_output_only_and_none_follows_panm_dropout
         tiny(reads_dropout=1.5)
 
 
+def test_content_read_dropout_drops_the_content_read_alone_and_none_follows_the_reads():
+    """`content_read_dropout` with `reads_dropout=0` drops the decoder content read's columns of the Controller's
+    input and leaves the pointer reads (Mode 1, Mode 2) equal to eval's; `None` takes the reads' rate, with the same
+    single dropout as before; with `content_read="none"` it raises."""
+    states, decoder, base = torch.randn(4, 5, 8), torch.randn(4, 3, 6), torch.arange(4) * 2
+    reference = tiny(content_read="decoder").eval()
+    seen = {}
+    reference.controller.register_forward_hook(lambda m, i, o: seen.update(eval=i[0]))
+    reference(states, decoder, base_address=base)
+    dim = reference.memory_dim
+    memory = tiny(content_read="decoder", panm_dropout=0.5, reads_dropout=0.0, content_read_dropout=0.5)
+    memory.load_state_dict(reference.state_dict())
+    memory.controller.register_forward_hook(lambda m, i, o: seen.update(train=i[0]))
+    memory.train()(states, decoder, base_address=base)
+    torch.testing.assert_close(seen["train"][:, :-dim], seen["eval"][:, :-dim])  # Mode 1 and Mode 2 whole
+    content, kept = seen["train"][:, -dim:], seen["eval"][:, -dim:] * 2.0  # 1 / (1 - 0.5)
+    zeroed = content == 0
+    torch.testing.assert_close(torch.where(zeroed, 0.0, kept), content)
+    assert 0.3 < float(zeroed.float().mean()) < 0.7
+    for rates in ({"reads_dropout": 0.0}, {"reads_dropout": 0.2, "content_read_dropout": 0.2}):
+        assert tiny(content_read="decoder", panm_dropout=0.5, **rates).content_read_dropout is None  # one dropout
+    controller_read = tiny(content_read="controller", reads_dropout=0.0, content_read_dropout=0.4)
+    assert controller_read.controller.content_dropout.p == 0.4 and controller_read.reads_dropout.p == 0.0
+    with pytest.raises(ValueError, match='content_read_dropout=0.3 .* set content_read="decoder"'):
+        tiny(content_read_dropout=0.3)
+    with pytest.raises(ValueError, match="content_read_dropout must be a probability"):
+        tiny(content_read="decoder", content_read_dropout=1.0)
+
+
 def test_output_decoder_drop_path_needs_output_decoder_input():
     from panm_hf.memory_config import PanmMemoryConfig
 
