@@ -309,6 +309,19 @@ def test_table_designs_set_the_gru_widths_they_name(tmp_path, design, expected):
     assert actual == expected
 
 
+def test_the_one_design_row_is_the_measured_candidate(tmp_path):
+    """`panm_one_design` runs the flags docs/results/scan.md measured: the SCAN design, g^o reading z_t, 1,024 wide,
+    its z_t dropped for half the samples, dropout 0.3 on PANM's output and the content read, none on the pointer
+    reads."""
+    args = run_table.parse_arguments(["--output_dir", str(tmp_path)])
+    model_args, panm_args, _, _ = run_scan.parse_arguments(run_table.command("panm_one_design", 26, 0, args)[2:])
+    assert (model_args.placement, model_args.decoder_positions, model_args.decoder_window) == ("replace", "none", 24)
+    actual = (panm_args.content_read, panm_args.output_decoder_input, panm_args.mlp_hidden_size,
+              panm_args.output_decoder_drop_path, panm_args.panm_dropout, panm_args.reads_dropout,
+              panm_args.content_read_dropout, panm_args.pointer_hidden_size, panm_args.pointer_update)  # fmt: skip
+    assert actual == ("decoder", True, 1024, 0.5, 0.3, 0.0, 0.3, 256, "attention")
+
+
 @pytest.mark.smoke
 @needs_data
 def test_smoke_run_scores_both_models_with_the_eos_diagnosis(tmp_path):

@@ -67,6 +67,13 @@ DESIGNS = {
     "transformer_nope_window": ["--model", "transformer", "--decoder_positions", "none", "--decoder_window", "24"],
     "panm_nope_cr_window": ["--model", "panm", "--decoder_positions", "none", "--content_read", "decoder",
                             "--decoder_window", "24"],
+    # the one-design candidate (docs/results/scan.md#one-design-for-three-tasks): panm_nope_cr_window with g^o reading
+    # z_t, 1,024 wide, half the samples' g^o without it, dropout 0.3 on PANM's output and the content read only
+    "panm_one_design": [
+        "--model", "panm", *SCAN_DECODER, "--content_read", "decoder", "--output_decoder_input", "true",
+        "--mlp_hidden_size", "1024", "--output_decoder_drop_path", "0.5", "--panm_dropout", "0.3", "--reads_dropout",
+        "0", "--content_read_dropout", "0.3",
+    ],
     # the translation and math examples' design (docs/results/transformer_integration.md), 128-wide GRUs
     "panm_example": ["--model", "panm", "--decoder_positions", "absolute", *MULTI30K_DESIGN],
     # one design for SCAN and Multi30K? (docs/results/scan.md#one-design-for-three-tasks): SCAN's decoder changes
