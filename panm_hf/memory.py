@@ -131,14 +131,12 @@ class PanmMemory(nn.Module):
             if config.content_read == "decoder"
             else None
         )
-        self.dropout = nn.Dropout(config.panm_dropout)  # on PANM's output, and on the reads unless reads_dropout
-        self.reads_dropout = nn.Dropout(reads_dropout_rate(config))
+        self.dropout = nn.Dropout(config.panm_dropout)  # on PANM's output
+        reads_rate, content_rate = reads_dropout_rate(config), content_read_dropout_rate(config)
+        self.reads_dropout = nn.Dropout(reads_rate)
         # the decoder content read's own rate, only where it differs: one dropout over all reads otherwise, as before
-        content_rate = content_read_dropout_rate(config)
         self.content_read_dropout = (
-            nn.Dropout(content_rate)
-            if self.content_reader is not None and content_rate != reads_dropout_rate(config)
-            else None
+            nn.Dropout(content_rate) if self.content_reader is not None and content_rate != reads_rate else None
         )
         self.drop_path = config.panm_drop_path
         num_reads = config.num_pointer_units + config.num_mode2_heads + (self.content_reader is not None)
