@@ -7,6 +7,7 @@ from dataclasses import fields
 from transformers import AutoConfig, PreTrainedConfig
 from transformers.configuration_utils import SubConfigSpec
 
+from .decoder_positions import check as check_decoder_positions
 from .memory_config import PanmMemoryConfig
 
 PLACEMENTS = ("stack", "replace", "residual", "top")
@@ -74,6 +75,19 @@ class PanmConfig(PreTrainedConfig, PanmMemoryConfig):
             applies where PANM decodes (with
             `causal_memory="prompt"`, from the prompt's last token on; the prompt keeps the backbone's). The QA
             head accepts `"shared"` only.
+        decoder_positions (`str`, *optional*, defaults to `"absolute"`):
+            beyond the paper, `PanmForSeq2SeqLM` only: the backbone decoder's position signal. `"absolute"`: the
+            backbone's own; `"none"`: its absolute position embeddings zeroed and frozen (BART, Marian), so no
+            decoder step past the training length looks new; `"offset"`: they start at a random offset in
+            `[0, max_position_offset]` per sample in training (0 in eval); `"alibi"`: none, and ALiBi's distance
+            bias on the decoder's self-attention. SCAN's length split needs `"none"` (docs/results/scan.md).
+        decoder_window (`int`, *optional*, defaults to 0):
+            beyond the paper, `PanmForSeq2SeqLM` only: each decoder query attends to its last `decoder_window`
+            tokens (0: the whole prefix). With it no bigger than the training outputs, no decoder query past the
+            training length attends to more tokens than in training. Both live in the attention function,
+            which transformers does not save; the model applies them from this config when built or loaded.
+        max_position_offset (`int`, *optional*, defaults to 64):
+            the largest random offset of `decoder_positions="offset"`.
         **kwargs: the `PanmMemoryConfig` fields and `PreTrainedConfig`'s arguments.
     """
 
@@ -84,6 +98,9 @@ class PanmConfig(PreTrainedConfig, PanmMemoryConfig):
     placement: str = "stack"
     causal_memory: str = "sequence"
     eos_decision: str = "shared"
+    decoder_positions: str = "absolute"
+    decoder_window: int = 0
+    max_position_offset: int = 64
     pad_token_id: int | None = None
     bos_token_id: int | None = None
     eos_token_id: int | list[int] | None = None
@@ -129,6 +146,7 @@ class PanmConfig(PreTrainedConfig, PanmMemoryConfig):
                 f"eos_decision={self.eos_decision!r} is not supported; choose one of {EOS_DECISIONS} (\"shared\": "
                 'the end-of-sequence logit from what the LM head reads, "panm": from PANM\'s output alone).'
             )
+        check_decoder_positions(self.decoder_positions, self.decoder_window, self.max_position_offset)
         if self.eos_decision == "panm" and self.eos_token_id is None:
             raise ValueError(
                 'eos_decision="panm" needs eos_token_id (the logit PANM decides): set it on the config or on its '

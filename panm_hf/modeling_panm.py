@@ -29,6 +29,8 @@ from .adapter import save_panm as _save_panm
 from .backbones import check_seq2seq_backbone, get_path, seq2seq_parts, without_last_layer
 from .cache_panm import BACKBONE_CACHE_KWARG, PanmCache, pop_cache_argument
 from .configuration_panm import PanmConfig
+from .decoder_positions import DEFAULTS as DECODER_DEFAULTS
+from .decoder_positions import apply as apply_decoder_positions
 from .memory import PanmMemory, PanmMemoryOutput
 from .state import PanmState
 
@@ -70,6 +72,7 @@ class PanmPreTrainedModel(PreTrainedModel):
     accepts_loss_kwargs = False
     # Whether the head reads `config.eos_decision` (the seq2seq and causal LMs); the QA head accepts "shared" only.
     reads_eos_decision = False
+    takes_decoder_signal = False  # decoder_positions and decoder_window: PanmForSeq2SeqLM sets it
 
     def __init__(self, config: PanmConfig, *inputs, **kwargs):
         super().__init__(config, *inputs, **kwargs)
@@ -77,6 +80,14 @@ class PanmPreTrainedModel(PreTrainedModel):
             raise ValueError(
                 f'{type(self).__name__} accepts eos_decision="shared" only (got {config.eos_decision!r}): PANM '
                 "deciding the end-of-sequence logit is an option of PanmForSeq2SeqLM and PanmForCausalLM."
+            )
+        signal = (config.decoder_positions, config.decoder_window)
+        plain = (DECODER_DEFAULTS["decoder_positions"], DECODER_DEFAULTS["decoder_window"])
+        if signal != plain and not self.takes_decoder_signal:
+            raise ValueError(
+                f"{type(self).__name__} keeps its backbone's positions (got decoder_positions={signal[0]!r}, "
+                f"decoder_window={signal[1]}): decoder_positions and decoder_window are options of "
+                "PanmForSeq2SeqLM; leave them at 'absolute' and 0."
             )
 
     def _lm_head_rows(self, states: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
@@ -108,7 +119,12 @@ class PanmPreTrainedModel(PreTrainedModel):
                     f"not a saved PANM model (model_type='panm'). Wrap it with "
                     f"{cls.__name__}.from_backbone({os.fspath(pretrained_model_name_or_path)!r}, ...) instead."
                 )
-        return super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+        loaded = super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+        (loaded[0] if isinstance(loaded, tuple) else loaded)._after_load()  # a tuple with output_loading_info
+        return loaded
+
+    def _after_load(self) -> None:
+        """What the loaded weights undo of `__init__` (nothing here)."""
 
     def _take_name_or_path(self, backbone: PreTrainedModel, path: str | os.PathLike | None) -> None:
         # PEFT records `name_or_path` as the base model of an adapter; a wrapped model starts with the backbone's.
@@ -313,6 +329,7 @@ class PanmForSeq2SeqLM(PanmPreTrainedModel, GenerationMixin):
     """
 
     reads_eos_decision = True
+    takes_decoder_signal = True  # decoder_positions, decoder_window
 
     def __init__(self, config: PanmConfig, backbone: PreTrainedModel | None = None):
         super().__init__(config)
@@ -343,6 +360,8 @@ class PanmForSeq2SeqLM(PanmPreTrainedModel, GenerationMixin):
         # placement="residual": the Controller's output joins z_t as a post-LN Transformer sublayer.
         self.output_norm = nn.LayerNorm(decoder_dim) if config.placement == "residual" else None
         self.post_init()
+        # after post_init, which would initialise zeroed positions again; a loaded checkpoint's are zero already
+        apply_decoder_positions(self, config.decoder_positions, config.max_position_offset, config.decoder_window)
 
     def _zero_init_module(self) -> nn.Module | None:
         # g^o's last layer: zero in "stack" placement so the residual starts at exactly 0.
@@ -353,6 +372,11 @@ class PanmForSeq2SeqLM(PanmPreTrainedModel, GenerationMixin):
     def _check_backbone(cls, backbone: PreTrainedModel) -> None:
         """A supported encoder-decoder with its LM head (`BartForConditionalGeneration`, not `BartModel`)."""
         check_seq2seq_backbone(backbone)
+
+    def _after_load(self) -> None:
+        # Marian's sinusoidal positions are not saved: loading computes them again over the zeros of "none"
+        config = self.config
+        apply_decoder_positions(self, config.decoder_positions, config.max_position_offset, config.decoder_window)
 
     @classmethod
     def _load_backbone(cls, path: str | os.PathLike, **kwargs) -> PreTrainedModel:

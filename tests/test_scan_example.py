@@ -15,9 +15,9 @@ import run_scan
 import run_table
 import torch
 
-from panm_hf.pipelines import decoder_positions
-from panm_hf.pipelines.decoder_positions import ALIBI_ATTENTION, randomise_decoder_positions, remove_decoder_positions
-from panm_hf.pipelines.decoder_positions import apply as apply_decoder_positions
+from panm_hf import decoder_positions
+from panm_hf.decoder_positions import ALIBI_ATTENTION, randomise_decoder_positions, remove_decoder_positions
+from panm_hf.decoder_positions import apply as apply_decoder_positions
 from panm_hf.pipelines.scan_data import ScanSplit, cutoff_split, read_tasks, score, word_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -124,7 +124,7 @@ def test_randomise_decoder_positions_shifts_each_sample_in_training_only(backbon
         assert len(matches) == 1
         starts |= set(matches)
     assert len(starts) > 1  # the offset is drawn per sample
-    with pytest.raises(ValueError, match="--max_position_offset"):
+    with pytest.raises(ValueError, match="max_position_offset=10000 runs past"):
         randomise_decoder_positions(model, max_offset=10_000)
         positions(input_ids)
 
@@ -135,7 +135,7 @@ def test_remove_decoder_positions_refuses_a_relative_position_backbone():
 
     with pytest.raises(ValueError, match="--decoder_positions none"):
         remove_decoder_positions(AutoModelForSeq2SeqLM.from_config(BACKBONES["t5"]()))
-    with pytest.raises(ValueError, match="--decoder_positions alibi needs a decoder with absolute positions"):
+    with pytest.raises(ValueError, match=r"--decoder_positions alibi\) needs a decoder with absolute positions"):
         apply_decoder_positions(AutoModelForSeq2SeqLM.from_config(BACKBONES["t5"]()), "alibi")
 
 
@@ -192,7 +192,7 @@ def test_use_alibi_gives_the_decoder_distance_not_position_and_keeps_masks_and_c
                               num_beams=1, forced_eos_token_id=None)  # fmt: skip
     forced = panm(input_ids=source, attention_mask=mask, decoder_input_ids=generated[:, :-1]).logits
     assert torch.equal(forced.argmax(-1), generated[:, 1:])  # cached steps see the same distances
-    with pytest.raises(ValueError, match="--decoder_positions"):
+    with pytest.raises(ValueError, match="decoder_positions must be one of"):
         decoder_positions.apply(panm, "rotary")
 
 
@@ -246,7 +246,7 @@ def test_decoder_window_limits_what_each_decoder_step_sees_and_keeps_the_cache_e
                               num_beams=1, forced_eos_token_id=None)  # fmt: skip
     forced = panm(input_ids=source, attention_mask=mask, decoder_input_ids=generated[:, :-1]).logits
     assert torch.equal(forced.argmax(-1), generated[:, 1:])  # cached steps see the same window
-    with pytest.raises(ValueError, match="--decoder_window must be >= 1"):
+    with pytest.raises(ValueError, match="decoder_window must be >= 1"):
         decoder_positions.use_window(panm, 0)
 
 

@@ -25,8 +25,8 @@ from run_scan import greedy_actions
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 import panm_hf  # noqa: F401  (registers PANM with the Auto classes)
+from panm_hf.decoder_positions import apply as apply_decoder_positions
 from panm_hf.pipelines.controls import apply_control
-from panm_hf.pipelines.decoder_positions import apply as apply_decoder_positions
 from panm_hf.pipelines.scan_data import ScanSplit, load_cutoff_split
 
 

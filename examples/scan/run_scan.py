@@ -12,7 +12,7 @@ Both models share the backbone config, the vocabulary, the data order, the seed 
 the PANM model is the same backbone with PANM plugged into its decoder (`--placement`, and every
 `PanmMemoryConfig` field). `--decoder_positions none` removes the decoder's absolute positions
 (zeroed and frozen), for either model; `offset` and `alibi` are the other position signals of
-`panm_hf/pipelines/decoder_positions.py`. `--eval_every N` scores a fixed sample of the test and
+`panm_hf/decoder_positions.py`. `--eval_every N` scores a fixed sample of the test and
 i.i.d. sets every N steps: the curve against steps.
 
     python examples/scan/run_scan.py --data_dir ../shared/data/scan --cutoff 26 \

@@ -60,7 +60,7 @@ DESIGNS = {
     "panm_stack_offset": ["--model", "panm", "--decoder_positions", "offset", "--placement", "stack"],
     "panm_nope_cr": ["--model", "panm", "--decoder_positions", "none", "--content_read", "decoder"],
     "panm_nope_stack": ["--model", "panm", "--decoder_positions", "none", "--placement", "stack"],
-    # ALiBi's distance bias in place of the decoder's absolute positions (panm_hf/pipelines/decoder_positions.py)
+    # ALiBi's distance bias in place of the decoder's absolute positions (panm_hf/decoder_positions.py)
     "transformer_alibi": ["--model", "transformer", "--decoder_positions", "alibi"],
     "panm_alibi_cr": ["--model", "panm", "--decoder_positions", "alibi", "--content_read", "decoder"],
     # the decoder's self-attention limited to its last 24 tokens (no query sees more tokens than in training)

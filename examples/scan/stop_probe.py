@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 from eos_oracle import load_run
 
-from panm_hf.pipelines.decoder_positions import ALIBI_ATTENTION
+from panm_hf.decoder_positions import ALIBI_ATTENTION
 from panm_hf.pipelines.scan_data import ScanSplit, load_cutoff_split
 
 FEATURE_SETS = {

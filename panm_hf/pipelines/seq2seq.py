@@ -29,9 +29,9 @@ from transformers import (
 
 from panm_hf import PanmConfig, PanmForSeq2SeqLM, PanmMemoryConfig
 from panm_hf.configuration_panm import LAYER_REPLACING_PLACEMENTS
+from panm_hf.decoder_positions import DECODER_POSITIONS, DEFAULTS, record, recorded
+from panm_hf.decoder_positions import apply as apply_decoder_positions
 from panm_hf.pipelines.controls import apply_control, validate_control
-from panm_hf.pipelines.decoder_positions import DECODER_POSITIONS
-from panm_hf.pipelines.decoder_positions import apply as apply_decoder_positions
 from panm_hf.pipelines.script_conventions import gather_from_ranks, load_pretrained
 
 MODELS = ("transformer", "panm")
@@ -201,15 +201,52 @@ def backbone_config(model_args: ModelArguments, tokenizer, max_positions: int):
     return BartConfig(decoder_start_token_id=tokenizer.eos_token_id, forced_eos_token_id=None, **common)
 
 
+def decoder_flags(model_args: ModelArguments) -> dict:
+    """`--decoder_positions`, `--decoder_window` and `--max_position_offset` under their config names."""
+    return {"decoder_positions": model_args.decoder_positions, "decoder_window": model_args.decoder_window,
+            "max_position_offset": model_args.max_position_offset}  # fmt: skip
+
+
+def saved_decoder_signal(model: PreTrainedModel) -> dict:
+    """The decoder settings a loaded checkpoint records: a PANM model's `PanmConfig` fields, else those its
+    backbone's config records (`decoder_positions.record`, a Transformer the examples trained)."""
+    saved = recorded(model.config)
+    if saved == DEFAULTS and isinstance(model.config, PanmConfig):  # a backbone wrapped here: its own record
+        saved = recorded(model.config.text_config)
+    return saved
+
+
+def use_decoder_signal(model: PreTrainedModel, model_args: ModelArguments) -> None:
+    """Give a loaded model its decoder settings: the flags, or, where they are the defaults, those the checkpoint
+    records (a model trained with them scores as trained). ValueError when both are set and differ."""
+    flags, saved = decoder_flags(model_args), saved_decoder_signal(model)
+    changed = ("decoder_positions", "decoder_window")
+    if saved != DEFAULTS and flags != DEFAULTS and any(flags[key] != saved[key] for key in changed):
+        raise ValueError(
+            f"The checkpoint was trained with --decoder_positions {saved['decoder_positions']} --decoder_window "
+            f"{saved['decoder_window']}, and the flags ask for --decoder_positions {flags['decoder_positions']} "
+            f"--decoder_window {flags['decoder_window']}: omit both flags to keep the checkpoint's, or pass its values."
+        )
+    chosen = saved if flags == DEFAULTS else flags
+    if isinstance(model, PanmForSeq2SeqLM):
+        model.config.update(chosen)  # saved with the model, applied again when it is loaded
+    else:
+        record(model.config, **chosen)
+    apply_decoder_positions(model, chosen["decoder_positions"], chosen["max_position_offset"],
+                            chosen["decoder_window"])  # fmt: skip
+
+
 def build_model(name: str, model_args: ModelArguments, panm_args: PanmMemoryConfig, config) -> PreTrainedModel:
-    """Model `name` from a backbone config (random weights) or, when `config` is a path, from that checkpoint."""
+    """Model `name` from a backbone config (random weights) or, when `config` is a path, from that checkpoint.
+
+    The decoder settings (`--decoder_positions`, `--decoder_window`) go into the saved config: a PANM model's
+    `PanmConfig` applies them when loaded, and the examples apply a plain model's record when they load it."""
     if isinstance(config, str):
         overrides = {"placement": model_args.placement, "eos_decision": model_args.eos_decision, **asdict(panm_args)}
         model = load_pretrained(name, config, overrides)
         if name == "panm":
             apply_control(model, model_args.control)
-        apply_decoder_positions(model, model_args.decoder_positions, model_args.max_position_offset,
-                            model_args.decoder_window)
+        use_decoder_signal(model, model_args)
         return model
     # Each model gets its own copy: Trainer sets `model.config.use_cache = False` for training, and
     # on a shared config that flag would reach the next model's generation config.
@@ -219,17 +256,15 @@ def build_model(name: str, model_args: ModelArguments, panm_args: PanmMemoryConf
         # Marian/BART take **kwargs, so Trainer would hand them num_items_in_batch and rescale their
         # (already token-averaged) loss; PanmForSeq2SeqLM opts out, and so does the baseline.
         model.accepts_loss_kwargs = False
-    else:
-        panm_config = PanmConfig(
-            text_config=config.to_dict(), placement=model_args.placement, eos_decision=model_args.eos_decision,
-            **asdict(panm_args),
-        )
-        model = PanmForSeq2SeqLM(panm_config)
-        apply_control(model, model_args.control)  # the hook stays with the model for training and testing
-    apply_decoder_positions(model, model_args.decoder_positions, model_args.max_position_offset,
-                            model_args.decoder_window)
+        use_decoder_signal(model, model_args)
+        return model
+    panm_config = PanmConfig(
+        text_config=config.to_dict(), placement=model_args.placement, eos_decision=model_args.eos_decision,
+        **decoder_flags(model_args), **asdict(panm_args),
+    )  # fmt: skip
+    model = PanmForSeq2SeqLM(panm_config)  # applies the decoder settings
+    apply_control(model, model_args.control)  # the hook stays with the model for training and testing
     return model
-
 
 
 def parameter_checksum(model: torch.nn.Module) -> tuple[float, float]:

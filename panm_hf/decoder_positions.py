@@ -1,14 +1,13 @@
-"""The decoder's position signal of the seq2seq examples (`--decoder_positions`): the backbone's own absolute
-positions, none, a random offset in training, or ALiBi's linear distance bias in place of them.
+"""An encoder-decoder's decoder position signal (`PanmConfig.decoder_positions`, the examples' `--decoder_positions`):
+the backbone's own absolute positions, none, a random offset in training, or ALiBi's linear distance bias in
+place of them; and `decoder_window`, a sliding window on the decoder's self-attention (each query attends to its
+last W tokens), so no decoder query past the training length attends to more tokens than in training.
 
 Measured on SCAN's length split (docs/results/scan_diagnosis.md), where the decoder's absolute positions are
-what a model past the training lengths has never seen; `build_model` applies it to every model it builds.
-
-`--decoder_window W` adds a sliding window to the decoder's self-attention (each query attends to its last W
-tokens), so no decoder query past the training length attends to more tokens than in training.
-Each is applied to a built model before training (`apply`); none of them adds a parameter, so a saved model
-is the plain backbone. ALiBi and the window live in the attention function, which a config does not save: a
-model trained with them must have `apply(model, ...)` called again after loading.
+what a model past the training lengths has never seen. None of them adds a parameter. ALiBi and the window live
+in the attention function, which transformers does not save, so the settings are recorded in the config
+instead: `PanmForSeq2SeqLM` applies its `PanmConfig`'s when it is built or loaded, and the examples record them
+in a plain backbone's config (`record`) and apply them again when they load it (`recorded`).
 """
 
 from __future__ import annotations
@@ -19,6 +18,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 DECODER_POSITIONS = ("absolute", "none", "offset", "alibi")
+DEFAULTS = {"decoder_positions": "absolute", "decoder_window": 0, "max_position_offset": 64}  # the backbone as is
 ALIBI_ATTENTION = "panm_decoder_alibi"  # the attention implementation's registered name
 
 
@@ -27,7 +27,8 @@ def remove_decoder_positions(model: torch.nn.Module, flag: str = "none") -> None
     `flag` is the `--decoder_positions` value the error names."""
     positions = getattr(model.get_decoder(), "embed_positions", None)
     if positions is None:
-        raise ValueError(f"--decoder_positions {flag} needs a decoder with absolute positions (bart or marian).")
+        raise ValueError(f"decoder_positions={flag!r} (--decoder_positions {flag}) needs a decoder with absolute "
+                         "positions (bart or marian); keep decoder_positions='absolute' for this backbone.")
     with torch.no_grad():
         positions.weight.zero_()
     positions.weight.requires_grad_(False)
@@ -43,7 +44,12 @@ def randomise_decoder_positions(model: torch.nn.Module, max_offset: int) -> None
     """
     positions = getattr(model.get_decoder(), "embed_positions", None)
     if positions is None or not hasattr(positions, "weight"):
-        raise ValueError("--decoder_positions offset needs a decoder with absolute positions (bart or marian).")
+        raise ValueError("decoder_positions='offset' (--decoder_positions offset) needs a decoder with absolute "
+                         "positions (bart or marian); keep decoder_positions='absolute' for this backbone.")
+    if getattr(positions, "panm_max_offset", None) is not None:  # applied already (a model built, then loaded)
+        positions.panm_max_offset = max_offset
+        return
+    positions.panm_max_offset = max_offset
     table_size = positions.weight.shape[0] - getattr(positions, "offset", 0)
 
     def shifted(module, args, output):
@@ -52,9 +58,10 @@ def randomise_decoder_positions(model: torch.nn.Module, max_offset: int) -> None
         steps = output.shape[-2]
         shape = args[0] if isinstance(args[0], torch.Size) else args[0].shape  # Marian passes the ids' shape
         batch = shape[0]
-        if steps - 1 + max_offset >= table_size:  # checked on sizes: no device sync per step
-            raise ValueError(f"--max_position_offset {max_offset} runs past the {table_size} decoder positions.")
-        offsets = torch.randint(0, max_offset + 1, (batch, 1), device=module.weight.device)  # (batch, 1)
+        if steps - 1 + module.panm_max_offset >= table_size:  # checked on sizes: no device sync per step
+            raise ValueError(f"max_position_offset={module.panm_max_offset} runs past the {table_size} decoder "
+                             "positions; lower it or raise the backbone's max_position_embeddings.")
+        offsets = torch.randint(0, module.panm_max_offset + 1, (batch, 1), device=module.weight.device)  # (b, 1)
         ids = torch.arange(steps, device=module.weight.device) + offsets  # (batch, steps)
         return torch.nn.functional.embedding(ids + getattr(module, "offset", 0), module.weight)  # (batch, steps, d)
 
@@ -137,11 +144,15 @@ def use_window(model: torch.nn.Module, window: int) -> None:
     position signal as it is (combine with `--decoder_positions none` or `alibi`).
     """
     if window < 1:
-        raise ValueError(f"--decoder_window must be >= 1 to limit the decoder's attention (got {window}).")
+        raise ValueError(f"decoder_window must be >= 1 to limit the decoder's attention (got {window}).")
     attentions = _causal_attentions(model)
-    if not attentions:
-        raise ValueError("--decoder_window needs a decoder whose self-attention transformers marks is_causal "
-                         "(bart or marian).")  # fmt: skip
+    # a BART-family decoder (absolute positions, attention through transformers' attention functions); T5's
+    # attention marks is_causal too but adds its own position bias, past the registered function
+    bart_family = getattr(model.get_decoder(), "embed_positions", None) is not None
+    if not attentions or not bart_family:
+        raise ValueError("decoder_window needs a decoder whose self-attention transformers marks is_causal and "
+                         "runs through its attention functions (bart, marian, mbart); set decoder_window=0 for "
+                         "this backbone.")  # fmt: skip
     for module in attentions:
         module.window = window
         if not hasattr(module, "alibi"):
@@ -152,8 +163,7 @@ def use_window(model: torch.nn.Module, window: int) -> None:
 def apply(model: torch.nn.Module, decoder_positions: str, max_offset: int = 64, window: int = 0) -> None:
     """Give `model`'s decoder the position signal named by `--decoder_positions`, and with `window` a sliding
     window on its self-attention (`--decoder_window`)."""
-    if decoder_positions not in DECODER_POSITIONS:
-        raise ValueError(f"--decoder_positions must be one of {DECODER_POSITIONS} (got {decoder_positions!r}).")
+    check(decoder_positions, window, max_offset)
     if decoder_positions == "none":
         remove_decoder_positions(model)
     elif decoder_positions == "offset":
@@ -162,3 +172,25 @@ def apply(model: torch.nn.Module, decoder_positions: str, max_offset: int = 64, 
         use_alibi(model)
     if window:
         use_window(model, window)
+
+
+def check(decoder_positions: str, window: int, max_offset: int) -> None:
+    """ValueError naming the field unless the three settings are valid (before any model is touched)."""
+    if decoder_positions not in DECODER_POSITIONS:
+        raise ValueError(f"decoder_positions must be one of {DECODER_POSITIONS} (got {decoder_positions!r}).")
+    if window < 0:
+        raise ValueError(f"decoder_window must be >= 0 (0: the whole prefix; got {window}).")
+    if max_offset < 0:
+        raise ValueError(f"max_position_offset must be >= 0 (got {max_offset}).")
+
+
+def record(config, decoder_positions: str, decoder_window: int, max_position_offset: int) -> None:
+    """Write the settings into a plain backbone's config (saved with it) where they change the model."""
+    if (decoder_positions, decoder_window) != (DEFAULTS["decoder_positions"], DEFAULTS["decoder_window"]):
+        config.decoder_positions, config.decoder_window = decoder_positions, decoder_window
+        config.max_position_offset = max_position_offset
+
+
+def recorded(config) -> dict:
+    """The settings a saved config records (`record`, or a `PanmConfig`'s fields), else the defaults."""
+    return {name: getattr(config, name, default) for name, default in DEFAULTS.items()}
