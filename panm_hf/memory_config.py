@@ -21,6 +21,9 @@ CONTROLLER_INITS = ("mean", "sum")
 POINTER_UPDATES = ("attention", "shift")
 SHIFT_INITS = ("uniform", "walk")
 CONTENT_READS = ("none", "decoder", "controller")
+# The decoder content read's keys: the memory slots (`"memory"`), or the slots plus a learned code of their distance
+# from the last real slot (`"end_distance"`: the `p_E`-relative address, the same at every input length).
+CONTENT_READ_KEYS = ("memory", "end_distance")
 ADDRESS_KEYS = ("mlp", "linear")
 RECURRENCE_KERNELS = ("auto", "eager", "fused", "triton")
 # Why a setting has no fused kernel; `panm_hf.kernels.dispatch` gives the same reason at run time.
@@ -90,6 +93,13 @@ class PanmMemoryConfig:
             Controller's previous state `h^c_{t-1}`, its value fed to the Controller GRU and `g^o`, so the
             read follows what has been decoded even with `z_t = 0`; the Controller then runs its steps one
             at a time (no fused kernel); results in docs/results/controller_read.md.
+        content_read_keys (`str`, *optional*, defaults to `"memory"`):
+            beyond the paper, with `content_read="decoder"`: the content read's keys. `"memory"`: the slots `M`.
+            `"end_distance"`: each slot's key is `M[j]` plus a learned projection of the binary code of its distance
+            from the last real slot, `p_E - j` in addresses (content-free, and unlike the address `p_B + j` the same
+            in training and at test), so `z_t` can ask for "the k-th slot from the end" at any input length (e.g.
+            a digit's place in a number that ends the question). The values read are `M`'s. Seq2seq memories only
+            (one memory per sample, not a causal per-step mask).
         output_decoder_input (`bool`, *optional*, defaults to `False`):
             beyond the paper: the output MLP `g^o` also reads the decoder state `z_t` (the paper's `g^o` reads the
             Mode-1/Mode-2 values and `h^c_t`; `z_t` reaches the output only through the Controller GRU). With
@@ -190,6 +200,14 @@ class PanmMemoryConfig:
             "choices": CONTENT_READS,
         },
     )
+    content_read_keys: str = field(
+        default="memory",
+        metadata={
+            "help": "PANM, with content_read decoder: the content read's keys, the memory (memory) or the memory "
+            "plus a code of each slot's distance from the last real slot (end_distance).",
+            "choices": CONTENT_READ_KEYS,
+        },
+    )
     output_decoder_input: bool = field(
         default=False, metadata={"help": "PANM, beyond the paper: g^o also reads the decoder state z_t."}
     )
@@ -283,6 +301,7 @@ CHOICES = {
     "pointer_update": (POINTER_UPDATES, ' ("attention" is the paper\'s Pointer Unit)'),
     "shift_init": (SHIFT_INITS, ' ("uniform" starts with no preferred step)'),
     "content_read": (CONTENT_READS, ' ("none" is the paper\'s equations)'),
+    "content_read_keys": (CONTENT_READ_KEYS, ' ("memory": the slots alone)'),
     "recurrence_kernel": (RECURRENCE_KERNELS, ' ("auto" fuses the Pointer-Unit loop where it can)'),
 }
 PROBABILITIES = (
@@ -322,6 +341,11 @@ CONFLICTS = (
         lambda c: c.output_decoder_drop_path > 0 and not c.output_decoder_input,
         lambda c: f"output_decoder_drop_path={c.output_decoder_drop_path} drops the decoder state z_t that g^o reads "
         "under output_decoder_input, which is False; set output_decoder_input=True or output_decoder_drop_path=0.",
+    ),
+    (
+        lambda c: c.content_read_keys != "memory" and c.content_read != "decoder",
+        lambda c: f"content_read_keys={c.content_read_keys!r} keys the decoder content read, and content_read is "
+        f'{c.content_read!r}; set content_read="decoder" or content_read_keys="memory".',
     ),
     (
         lambda c: c.content_read_dropout is not None and c.content_read == "none",

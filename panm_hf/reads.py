@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .addressing import address_codes
 from .attention import AttentionScorer, masked_softmax
 from .memory_config import PanmMemoryConfig
 
@@ -99,6 +100,18 @@ class DecoderContentReader(nn.Module):
         super().__init__()
         self.query = nn.Linear(decoder_input_size, memory_dim)
         self.scorer = AttentionScorer(config, dim=memory_dim)
+        self.address_bits = config.address_bits
+        # content_read_keys="end_distance": a key term from each slot's distance to the last real slot
+        self.end_distance_key = (
+            nn.Linear(config.address_bits, memory_dim) if config.content_read_keys == "end_distance" else None
+        )
+
+    def end_distance_codes(self, attention_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """`(batch, slots)` mask -> `(batch, slots, bits)` binary codes of each slot's count of real slots after
+        it (`p_E - j` for a real slot; any padding side); padding slots get codes too, which the mask hides."""
+        mask = attention_mask.long()
+        distance = mask.sum(dim=-1, keepdim=True) - mask.cumsum(dim=-1)  # (batch, slots), >= 0
+        return address_codes(distance, self.address_bits, dtype)  # (batch, slots, bits)
 
     def forward(
         self, decoder_states: torch.Tensor, memory_states: torch.Tensor, attention_mask: torch.Tensor
@@ -108,13 +121,24 @@ class DecoderContentReader(nn.Module):
 
         The same read as a Mode-2 head's, so it runs the same C kernel where that one runs."""
         queries = self.query(decoder_states.to(memory_states.dtype))  # (batch, steps, dim)
-        read = self.scorer.fused(queries, "mode2_read", per_step=attention_mask.dim() != 2, memory=memory_states)
+        keys = memory_states
+        if self.end_distance_key is not None:
+            if attention_mask.dim() != 2:
+                raise ValueError(
+                    'content_read_keys="end_distance" needs one memory per sample (PanmForSeq2SeqLM); a causal '
+                    'per-step mask has no fixed last slot. Use content_read_keys="memory".'
+                )
+            codes = self.end_distance_codes(attention_mask, memory_states.dtype)  # (batch, slots, bits)
+            keys = memory_states + self.end_distance_key(codes)  # (batch, slots, dim)
+        # the fused read takes one tensor as keys and values
+        read = None if keys is not memory_states else self.scorer.fused(
+            queries, "mode2_read", per_step=attention_mask.dim() != 2, memory=memory_states)  # fmt: skip
         if read is not None:  # one kernel (C on CPU, Triton on the CUDA path)
             scale = self.scorer.inverse_temperature if self.scorer.scoring == "cosine" else None
             values, weights = read(queries, memory_states, attention_mask, scale)[:2]
             return values.unsqueeze(2), weights.unsqueeze(2)
         queries = self.scorer.prepare_queries(queries)
-        keys = self.scorer.prepare_keys(memory_states)  # (batch, slots, dim)
+        keys = self.scorer.prepare_keys(keys)  # (batch, slots, dim)
         scores = torch.bmm(queries, keys.transpose(1, 2))  # (batch, steps, slots); einsums add permutes and copies
         mask = attention_mask[:, None, :] if attention_mask.dim() == 2 else attention_mask  # (batch, 1|steps, slots)
         weights = masked_softmax(scores, mask)
