@@ -84,5 +84,5 @@ def test_seq2seq_model_with_end_distance_keys_trains_generates_and_round_trips(t
     assert torch.equal(forced.argmax(-1), generated[:, 1:])  # cached steps read with the same keys
     model.save_pretrained(tmp_path)
     loaded = PanmForSeq2SeqLM.from_pretrained(tmp_path).eval()
-    torch.testing.assert_close(loaded(input_ids=source, attention_mask=mask, decoder_input_ids=generated).logits,
-                               model(input_ids=source, attention_mask=mask, decoder_input_ids=generated).logits)  # fmt: skip
+    inputs = {"input_ids": source, "attention_mask": mask, "decoder_input_ids": generated}
+    torch.testing.assert_close(loaded(**inputs).logits, model(**inputs).logits)

@@ -76,3 +76,67 @@ def test_smoke_run_scores_both_models_on_both_sets(tmp_path):
         assert result["train_loss"] > 0
         assert (tmp_path / name / "config.json").is_file()
     assert summary["results"]["panm"]["num_parameters"] != summary["results"]["transformer"]["num_parameters"]
+
+
+def _tiny_run(tmp_path: Path, **panm_fields) -> tuple[Path, Path]:
+    """A saved tiny PANM model with a run_math.py `results.json`, and a data folder of 4 place_value pairs."""
+    import torch
+    from conftest import BACKBONES
+
+    from panm_hf import PanmConfig, PanmForSeq2SeqLM
+
+    pairs = [("What is the units digit of 4712?", "2"), ("What is the tens digit of 38?", "3"),
+             ("What is the hundreds digit of 905?", "9"), ("What is the units digit of 61?", "1")]  # fmt: skip
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    for split in ("interpolate", "extrapolate"):
+        with gzip.open(data_dir / f"place_value.{split}.tsv.gz", "wt") as handle:
+            handle.writelines(f"{question}\t{answer}\n" for question, answer in pairs)
+    tokenizer = char_tokenizer([text for pair in pairs for text in pair])
+    torch.manual_seed(0)
+    text_config = BACKBONES["bart"]().to_dict() | {"pad_token_id": tokenizer.pad_token_id,
+                                                    "eos_token_id": tokenizer.eos_token_id}  # fmt: skip
+    model = PanmForSeq2SeqLM(PanmConfig(text_config=text_config, placement="replace", content_read="decoder",
+                                        pointer_hidden_size=8, controller_hidden_size=8, mlp_hidden_size=8,
+                                        **panm_fields))  # fmt: skip
+    run_dir = tmp_path / "run"
+    model.save_pretrained(run_dir / "panm")
+    tokenizer.save_pretrained(run_dir / "panm")
+    summary = {"module": "place_value", "data_args": {"max_eval_samples": 4, "max_target_length": 4},
+               "model_args": {"decoder_positions": "none", "decoder_window": 2}}  # fmt: skip
+    (run_dir / "results.json").write_text(json.dumps(summary))
+    return run_dir, data_dir
+
+
+def test_ablate_paths_cuts_each_path_where_the_controller_takes_it(tmp_path):
+    import torch
+    from ablate_paths import CUTS, ablate, load_run
+
+    run_dir, data_dir = _tiny_run(tmp_path, output_decoder_input=True)
+    scores = ablate(run_dir, data_dir, list(CUTS))
+    assert set(scores) == {f"{split}_{cut}" for split in ("interpolate", "extrapolate") for cut in CUTS}
+    assert all(0.0 <= value <= 100.0 for value in scores.values())
+    _, model, tokenizer = load_run(run_dir)
+    assert model.get_decoder().embed_positions.weight.abs().sum() == 0  # the run's decoder settings applied
+    controller = model.panm.controller
+    batch = tokenizer(["What is the units digit of 4712?"], return_tensors="pt")
+    decoder_inputs = torch.tensor([[tokenizer.pad_token_id, 5]])
+    z_width, slot_width = controller.decoder_input_size, model.panm.memory_dim
+    for cut, module, width in (("no_output_decoder_input", controller.output_mlp[0], z_width),
+                               ("no_content_read", controller, slot_width)):  # fmt: skip
+        for with_cut in (True, False):  # the cut's columns are zero, and back once its hook is removed
+            seen = []
+            handles = [CUTS[cut](model)] if with_cut else []
+            handles.append(module.register_forward_pre_hook(lambda m, inputs, seen=seen: seen.append(inputs[0])))
+            model(**batch, decoder_input_ids=decoder_inputs)
+            for handle in handles:
+                handle.remove()
+            assert torch.all(seen[0][..., -width:] == 0) == with_cut, cut
+
+
+def test_ablate_paths_refuses_a_cut_the_model_has_no_path_for(tmp_path):
+    from ablate_paths import ablate
+
+    run_dir, data_dir = _tiny_run(tmp_path)  # g^o without z_t
+    with pytest.raises(ValueError, match="needs a model trained with --output_decoder_input true"):
+        ablate(run_dir, data_dir, ["no_output_decoder_input"])
