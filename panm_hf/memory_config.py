@@ -21,9 +21,10 @@ CONTROLLER_INITS = ("mean", "sum")
 POINTER_UPDATES = ("attention", "shift")
 SHIFT_INITS = ("uniform", "walk")
 CONTENT_READS = ("none", "decoder", "controller")
-# The decoder content read's keys: the memory slots (`"memory"`), or the slots plus a learned code of their distance
-# from the last real slot (`"end_distance"`: the `p_E`-relative address, the same at every input length).
-CONTENT_READ_KEYS = ("memory", "end_distance")
+# The decoder content read's keys: the memory slots (`"memory"`), the slots plus a learned code of their distance
+# from the last real slot (`"end_distance"`: the `p_E`-relative address, the same at every input length), or that
+# code alone (`"end_distance_only"`: a read by place, its values still the slots).
+CONTENT_READ_KEYS = ("memory", "end_distance", "end_distance_only")
 ADDRESS_KEYS = ("mlp", "linear")
 RECURRENCE_KERNELS = ("auto", "eager", "fused", "triton")
 # Why a setting has no fused kernel; `panm_hf.kernels.dispatch` gives the same reason at run time.
@@ -98,8 +99,9 @@ class PanmMemoryConfig:
             `"end_distance"`: each slot's key is `M[j]` plus a learned projection of the binary code of its distance
             from the last real slot, `p_E - j` in addresses (content-free, and unlike the address `p_B + j` the same
             in training and at test), so `z_t` can ask for "the k-th slot from the end" at any input length (e.g.
-            a digit's place in a number that ends the question). The values read are `M`'s. Seq2seq memories only
-            (one memory per sample, not a causal per-step mask).
+            a digit's place in a number that ends the question). `"end_distance_only"`: the key is that projection
+            alone, so the read selects slots by their place from the end and not by their content. The values read
+            are `M`'s. Seq2seq memories only (one memory per sample, not a causal per-step mask).
         output_decoder_input (`bool`, *optional*, defaults to `False`):
             beyond the paper: the output MLP `g^o` also reads the decoder state `z_t` (the paper's `g^o` reads the
             Mode-1/Mode-2 values and `h^c_t`; `z_t` reaches the output only through the Controller GRU). With
@@ -204,7 +206,8 @@ class PanmMemoryConfig:
         default="memory",
         metadata={
             "help": "PANM, with content_read decoder: the content read's keys, the memory (memory) or the memory "
-            "plus a code of each slot's distance from the last real slot (end_distance).",
+            "plus a code of each slot's distance from the last real slot (end_distance), or that code alone "
+            "(end_distance_only).",
             "choices": CONTENT_READ_KEYS,
         },
     )

@@ -101,10 +101,10 @@ class DecoderContentReader(nn.Module):
         self.query = nn.Linear(decoder_input_size, memory_dim)
         self.scorer = AttentionScorer(config, dim=memory_dim)
         self.address_bits = config.address_bits
-        # content_read_keys="end_distance": a key term from each slot's distance to the last real slot
-        self.end_distance_key = (
-            nn.Linear(config.address_bits, memory_dim) if config.content_read_keys == "end_distance" else None
-        )
+        # content_read_keys: "memory", or a key term from each slot's distance to the last real slot, added to
+        # the slot ("end_distance") or alone ("end_distance_only")
+        self.keys_kind = config.content_read_keys
+        self.end_distance_key = nn.Linear(config.address_bits, memory_dim) if self.keys_kind != "memory" else None
 
     def end_distance_codes(self, attention_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """`(batch, slots)` mask -> `(batch, slots, bits)` binary codes of each slot's count of real slots after
@@ -125,11 +125,12 @@ class DecoderContentReader(nn.Module):
         if self.end_distance_key is not None:
             if attention_mask.dim() != 2:
                 raise ValueError(
-                    'content_read_keys="end_distance" needs one memory per sample (PanmForSeq2SeqLM); a causal '
+                    f"content_read_keys={self.keys_kind!r} needs one memory per sample (PanmForSeq2SeqLM); a causal "
                     'per-step mask has no fixed last slot. Use content_read_keys="memory".'
                 )
             codes = self.end_distance_codes(attention_mask, memory_states.dtype)  # (batch, slots, bits)
-            keys = memory_states + self.end_distance_key(codes)  # (batch, slots, dim)
+            keys = self.end_distance_key(codes)  # (batch, slots, dim)
+            keys = keys if self.keys_kind == "end_distance_only" else memory_states + keys
         # the fused read takes one tensor as keys and values
         read = None if keys is not memory_states else self.scorer.fused(
             queries, "mode2_read", per_step=attention_mask.dim() != 2, memory=memory_states)  # fmt: skip

@@ -86,3 +86,18 @@ def test_seq2seq_model_with_end_distance_keys_trains_generates_and_round_trips(t
     loaded = PanmForSeq2SeqLM.from_pretrained(tmp_path).eval()
     inputs = {"input_ids": source, "attention_mask": mask, "decoder_input_ids": generated}
     torch.testing.assert_close(loaded(**inputs).logits, model(**inputs).logits)
+
+
+def test_end_distance_only_reads_by_place_whatever_the_slots_hold():
+    torch.manual_seed(0)
+    config = PanmMemoryConfig(content_read="decoder", content_read_keys="end_distance_only", address_bits=5)
+    read = DecoderContentReader(config, memory_dim=8, decoder_input_size=6).double()
+    query = torch.randn(2, 3, 6, dtype=torch.float64)
+    short, long = torch.randn(2, 4, 8, dtype=torch.float64), torch.randn(2, 9, 8, dtype=torch.float64)
+    _, weights_short = read(query, short, torch.ones(2, 4, dtype=torch.bool))
+    _, weights_long = read(query, long, torch.ones(2, 9, dtype=torch.bool))
+    # other contents, other lengths: the last four slots' weights keep their ratios
+    ratios = [w[..., -4:] / w[..., -1:] for w in (weights_short, weights_long)]
+    torch.testing.assert_close(ratios[0], ratios[1])
+    values, _ = read(query, long, torch.ones(2, 9, dtype=torch.bool))
+    torch.testing.assert_close(values[:, :, 0], torch.bmm(weights_long[:, :, 0], long))  # the slots are the values
