@@ -114,8 +114,13 @@ def test_ablate_paths_cuts_each_path_where_the_controller_takes_it(tmp_path):
 
     run_dir, data_dir = _tiny_run(tmp_path, output_decoder_input=True)
     scores = ablate(run_dir, data_dir, list(CUTS))
-    assert set(scores) == {f"{split}_{cut}" for split in ("interpolate", "extrapolate") for cut in CUTS}
-    assert all(0.0 <= value <= 100.0 for value in scores.values())
+    places = {f"{split}_by_place" for split in ("interpolate", "extrapolate")}
+    assert set(scores) == {f"{split}_{cut}" for split in ("interpolate", "extrapolate") for cut in CUTS} | places
+    assert all(0.0 <= scores[key] <= 100.0 for key in set(scores) - places)
+    by_place = scores["extrapolate_by_place"]
+    assert {place: entry["count"] for place, entry in by_place.items()} == {"units": 2, "tens": 1, "hundreds": 1}
+    weighted = sum(entry["count"] * entry["exact_match"] for entry in by_place.values()) / 4
+    assert abs(weighted - scores["extrapolate_none"]) < 0.1  # the places' scores make up the whole
     _, model, tokenizer = load_run(run_dir)
     assert model.get_decoder().embed_positions.weight.abs().sum() == 0  # the run's decoder settings applied
     controller = model.panm.controller

@@ -12,6 +12,7 @@ Loads a `run_math.py` run (its `results.json` and saved `panm/` model) and score
 
 A cut that leaves the score where it is marks a path the answer does not need; one that lowers it, a path it
 does. Cuts apply at test time only, to a model trained whole (the training-time controls are `--control`).
+On place_value the uncut model's exact match per asked place is reported too (`<split>_by_place`).
 
     python examples/math/ablate_paths.py runs/pv/pv3k_one_s43 --data_dir ../shared/data/math --output paths.json
 """
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from pathlib import Path
 
 import torch
@@ -29,6 +31,8 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 import panm_hf  # noqa: F401  (registers PANM with the Auto classes)
 from panm_hf.decoder_positions import apply as apply_decoder_positions
 from panm_hf.pipelines.controls import zero_decoder_input, zero_reads
+
+PLACE = re.compile(r"the ([a-z ]+) digit of")  # place_value's asked place
 
 
 def zero_output_decoder_input(model):
@@ -83,16 +87,26 @@ def load_run(run_dir: Path):
     return summary, model, AutoTokenizer.from_pretrained(model_dir)
 
 
-def exact_match(model, tokenizer, questions, answers, batch_size: int, max_length: int) -> float:
-    correct = 0
+def correct_answers(model, tokenizer, questions, answers, batch_size: int, max_length: int) -> list[bool]:
+    """Whether each greedy answer equals its reference."""
+    correct = []
     with torch.no_grad():
         for start in range(0, len(questions), batch_size):
             batch = tokenizer(questions[start : start + batch_size], return_tensors="pt", padding=True,
                               truncation=True, max_length=160)  # fmt: skip
             generated = model.generate(**batch, max_length=max_length, num_beams=1, do_sample=False)
             texts = tokenizer.batch_decode(generated, skip_special_tokens=True)
-            correct += sum(text.strip() == answer for text, answer in zip(texts, answers[start : start + batch_size]))
-    return round(100.0 * correct / len(questions), 1)
+            correct += [text.strip() == answer for text, answer in zip(texts, answers[start : start + batch_size])]
+    return correct
+
+
+def by_place(questions: list[str], correct: list[bool]) -> dict:
+    """place_value's exact match per asked place ("tens", "hundred billions", ...), with each place's count."""
+    groups = {}
+    for question, right in zip(questions, correct):
+        match = PLACE.search(question)
+        groups.setdefault(match.group(1) if match else "other", []).append(right)
+    return {place: {"count": len(r), "exact_match": round(100.0 * sum(r) / len(r), 1)} for place, r in groups.items()}
 
 
 def ablate(run_dir: Path, data_dir: Path, cuts: list[str], batch_size: int = 250) -> dict:
@@ -104,9 +118,12 @@ def ablate(run_dir: Path, data_dir: Path, cuts: list[str], batch_size: int = 250
         questions, answers = read_pairs(data_dir / f"{summary['module']}.{split}.tsv.gz", limit)
         for cut in cuts:
             handle = CUTS[cut](model)
-            result[f"{split}_{cut}"] = exact_match(model, tokenizer, questions, answers, batch_size, max_length)
+            correct = correct_answers(model, tokenizer, questions, answers, batch_size, max_length)
             if handle is not None:
                 handle.remove()
+            result[f"{split}_{cut}"] = round(100.0 * sum(correct) / len(correct), 1)
+            if cut == "none" and summary["module"] == "place_value":  # which places the whole model gets
+                result[f"{split}_by_place"] = by_place(questions, correct)
     return result
 
 
