@@ -119,7 +119,8 @@ class DecoderContentReader(nn.Module):
         """`(batch, steps, dec)`, `(batch, slots, dim)`, `(batch, slots)` or a per-step (causal) mask
         `(batch, steps, slots)` -> `(values (batch, steps, 1, dim), weights (batch, steps, 1, slots))`.
 
-        The same read as a Mode-2 head's, so it runs the same C kernel where that one runs."""
+        The same read as a Mode-2 head's, so it runs the same C kernel where that one runs; with end-distance
+        keys (`content_read_keys`) its keys are not its values, and it runs eagerly."""
         queries = self.query(decoder_states.to(memory_states.dtype))  # (batch, steps, dim)
         keys = memory_states
         if self.end_distance_key is not None:
