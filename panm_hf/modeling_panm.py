@@ -360,8 +360,7 @@ class PanmForSeq2SeqLM(PanmPreTrainedModel, GenerationMixin):
         # placement="residual": the Controller's output joins z_t as a post-LN Transformer sublayer.
         self.output_norm = nn.LayerNorm(decoder_dim) if config.placement == "residual" else None
         self.post_init()
-        # after post_init, which would initialise zeroed positions again; a loaded checkpoint's are zero already
-        apply_decoder_positions(self, config.decoder_positions, config.max_position_offset, config.decoder_window)
+        self._after_load()  # after post_init, which would initialise zeroed positions again
 
     def _zero_init_module(self) -> nn.Module | None:
         # g^o's last layer: zero in "stack" placement so the residual starts at exactly 0.
@@ -374,7 +373,8 @@ class PanmForSeq2SeqLM(PanmPreTrainedModel, GenerationMixin):
         check_seq2seq_backbone(backbone)
 
     def _after_load(self) -> None:
-        # Marian's sinusoidal positions are not saved: loading computes them again over the zeros of "none"
+        # the decoder settings (`PanmConfig.decoder_positions`, `decoder_window`), when built and again when loaded:
+        # Marian's sinusoidal positions are not saved, so loading computes them again over the zeros of "none"
         config = self.config
         apply_decoder_positions(self, config.decoder_positions, config.max_position_offset, config.decoder_window)
 
