@@ -231,6 +231,7 @@ class PanmMemory(nn.Module):
             base_address=base_address,
             lengths=lengths,
             address_mask=address_mask,
+            content_keys=None if self.content_reader is None else self.content_reader.keys(memory_states, mask),
         )
 
     def initial_state(self, memory: AddressedMemory, *, causal: bool = False) -> PanmState:
@@ -383,7 +384,9 @@ class PanmMemory(nn.Module):
             reads.append(mode2_values)
         content_weights = None
         if self.content_reader is not None:
-            content_values, content_weights = self.content_reader(decoder_states, memory.memory_states, slot_mask)
+            content_values, content_weights = self.content_reader(
+                decoder_states, memory.memory_states, slot_mask, memory.content_keys
+            )  # (batch, steps, 1, dim), (batch, steps, 1, slots)
             content_weights = content_weights.squeeze(2)  # (batch, steps, slots)
             reads.append(content_values.reshape(mode1_values.shape[0], -1))  # (batch*steps, dim)
         return torch.cat(reads, dim=-1), mode2_weights, content_weights  # (batch*steps, num_reads*dim), ...

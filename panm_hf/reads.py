@@ -113,31 +113,44 @@ class DecoderContentReader(nn.Module):
         distance = mask.sum(dim=-1, keepdim=True) - mask.cumsum(dim=-1)  # (batch, slots), >= 0
         return address_codes(distance, self.address_bits, dtype)  # (batch, slots, bits)
 
+    def keys(self, memory_states: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor | None:
+        """`(batch, slots, dim)` `M`, `(batch, slots)` mask -> the read's keys `(batch, slots, dim)` when they are not
+        `M` (`content_read_keys`), else None. `PanmMemory.bind` computes them once per memory."""
+        if self.end_distance_key is None:
+            return None
+        if attention_mask.dim() != 2:
+            raise ValueError(
+                f"content_read_keys={self.keys_kind!r} needs one memory per sample (PanmForSeq2SeqLM); a causal "
+                'per-step mask has no fixed last slot. Use content_read_keys="memory".'
+            )
+        codes = self.end_distance_codes(attention_mask, memory_states.dtype)  # (batch, slots, bits)
+        keys = self.end_distance_key(codes)  # (batch, slots, dim)
+        return keys if self.keys_kind == "end_distance_only" else memory_states + keys
+
     def forward(
-        self, decoder_states: torch.Tensor, memory_states: torch.Tensor, attention_mask: torch.Tensor
+        self,
+        decoder_states: torch.Tensor,
+        memory_states: torch.Tensor,
+        attention_mask: torch.Tensor,
+        keys: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """`(batch, steps, dec)`, `(batch, slots, dim)`, `(batch, slots)` or a per-step (causal) mask
-        `(batch, steps, slots)` -> `(values (batch, steps, 1, dim), weights (batch, steps, 1, slots))`.
+        `(batch, steps, slots)`, optional keys `(batch, slots, dim)` from `keys` (computed here when the
+        configuration needs them and none are given) -> `(values (batch, steps, 1, dim), weights (batch, steps, 1,
+        slots))`.
 
         The same read as a Mode-2 head's, so it runs the same C kernel where that one runs; with end-distance
-        keys (`content_read_keys`) its keys are not its values, and it runs eagerly."""
+        keys the kernel scores the keys and one matmul takes the values from `M`."""
         queries = self.query(decoder_states.to(memory_states.dtype))  # (batch, steps, dim)
-        keys = memory_states
-        if self.end_distance_key is not None:
-            if attention_mask.dim() != 2:
-                raise ValueError(
-                    f"content_read_keys={self.keys_kind!r} needs one memory per sample (PanmForSeq2SeqLM); a causal "
-                    'per-step mask has no fixed last slot. Use content_read_keys="memory".'
-                )
-            codes = self.end_distance_codes(attention_mask, memory_states.dtype)  # (batch, slots, bits)
-            keys = self.end_distance_key(codes)  # (batch, slots, dim)
-            keys = keys if self.keys_kind == "end_distance_only" else memory_states + keys
-        # the fused read takes one tensor as keys and values
-        read = None if keys is not memory_states else self.scorer.fused(
-            queries, "mode2_read", per_step=attention_mask.dim() != 2, memory=memory_states)  # fmt: skip
+        if self.end_distance_key is not None and (keys is None or attention_mask.dim() != 2):
+            keys = self.keys(memory_states, attention_mask)
+        keys = memory_states if keys is None else keys
+        read = self.scorer.fused(queries, "mode2_read", per_step=attention_mask.dim() != 2, memory=keys)
         if read is not None:  # one kernel (C on CPU, Triton on the CUDA path)
             scale = self.scorer.inverse_temperature if self.scorer.scoring == "cosine" else None
-            values, weights = read(queries, memory_states, attention_mask, scale)[:2]
+            values, weights = read(queries, keys, attention_mask, scale)[:2]
+            if keys is not memory_states:  # the kernel's values are over the keys; the read's are over M
+                values = torch.bmm(weights, memory_states)  # (batch, steps, dim)
             return values.unsqueeze(2), weights.unsqueeze(2)
         queries = self.scorer.prepare_queries(queries)
         keys = self.scorer.prepare_keys(keys)  # (batch, slots, dim)

@@ -36,6 +36,8 @@ class AddressedMemory:
         address_mask: `(batch, slots + distractors)` bool over the address bank when training-time
             distractor addresses follow the slots in it (`PanmConfig.address_distractors`); None when
             the bank is exactly the slots (then `attention_mask` masks it).
+        content_keys: `(batch, slots, memory_dim)` the decoder content read's keys where they are not `M`
+            (`content_read_keys`), computed once per memory; None otherwise.
     """
 
     memory_states: torch.Tensor
@@ -45,6 +47,7 @@ class AddressedMemory:
     base_address: torch.Tensor
     lengths: torch.Tensor
     address_mask: torch.Tensor | None = None
+    content_keys: torch.Tensor | None = None
 
     @property
     def pointer_mask(self) -> torch.Tensor:

@@ -82,6 +82,12 @@ def test_seq2seq_model_with_end_distance_keys_trains_generates_and_round_trips(t
                                num_beams=1, forced_eos_token_id=None)  # fmt: skip
     forced = model(input_ids=source, attention_mask=mask, decoder_input_ids=generated[:, :-1]).logits
     assert torch.equal(forced.argmax(-1), generated[:, 1:])  # cached steps read with the same keys
+    calls = []
+    hook = model.panm.content_reader.end_distance_key.register_forward_hook(lambda *args: calls.append(1))
+    beams = model.generate(input_ids=source, attention_mask=mask, max_new_tokens=5, do_sample=False, num_beams=3,
+                           forced_eos_token_id=None, min_new_tokens=5)  # fmt: skip
+    hook.remove()
+    assert beams.shape[1] == 6 and len(calls) == 1  # the keys come with the memory: once per generate, not per step
     model.save_pretrained(tmp_path)
     loaded = PanmForSeq2SeqLM.from_pretrained(tmp_path).eval()
     inputs = {"input_ids": source, "attention_mask": mask, "decoder_input_ids": generated}

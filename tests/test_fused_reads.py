@@ -175,27 +175,34 @@ def test_eager_stays_the_plain_reference_and_auto_uses_the_kernels():
     assert len(fused) < len(eager) // 2
 
 
-@pytest.mark.parametrize("scoring", ["cosine", "dot"])
-def test_decoder_content_read_runs_the_mode2_kernel_and_is_the_same(scoring):
+def content_read_step(kernel, *, scoring, keys, dtype=torch.float64):
+    """A memory with the decoder content read (`content_read_keys=keys`), one Mode-2 head and an all-padding
+    sample: `(output, gradients of the states, decoder states and every parameter, the ops it dispatched)`."""
+    torch.manual_seed(0)
+    config = PanmMemoryConfig(address_bits=6, pointer_hidden_size=8, controller_hidden_size=8, mlp_hidden_size=8,
+                              scoring=scoring, content_read="decoder", content_read_keys=keys,
+                              recurrence_kernel=kernel)  # fmt: skip
+    memory = PanmMemory(config, memory_dim=6, decoder_input_size=5, output_size=4).to(dtype).train()
+    states = torch.randn(4, 7, 6, dtype=dtype, requires_grad=True)
+    decoder = torch.randn(4, 5, 5, dtype=dtype, requires_grad=True)
+    mask = torch.tensor([[1] * 7, [1] * 4 + [0] * 3, [0] * 2 + [1] * 5, [0] * 7])
+    counter = OpNames()
+    with counter:
+        out = memory(states, decoder, attention_mask=mask, base_address=torch.tensor([3, 60, 17, 9]),
+                     output_attentions=True)  # fmt: skip
+    loss = out.hidden_states.square().sum() + (out.content_attentions * torch.arange(7.0, dtype=dtype)).sum()
+    return out, torch.autograd.grad(loss, [states, decoder, *memory.parameters()]), counter.names
+
+
+@pytest.mark.parametrize(
+    "scoring, keys", [("cosine", "memory"), ("dot", "memory"), ("cosine", "end_distance"), ("dot", "end_distance_only")]
+)
+def test_decoder_content_read_runs_the_mode2_kernel_and_is_the_same(scoring, keys):
     """`content_read="decoder"` (a Mode-2-shaped read queried by `z_t`): the memory's outputs, the content attention
-    and every gradient, eager against auto, with an all-padding sample; auto reads it with `mode2_attention`."""
-    results = {}
-    for kernel in ("eager", "auto"):
-        torch.manual_seed(0)
-        config = PanmMemoryConfig(address_bits=6, pointer_hidden_size=8, controller_hidden_size=8, mlp_hidden_size=8,
-                                  scoring=scoring, content_read="decoder", recurrence_kernel=kernel)  # fmt: skip
-        memory = PanmMemory(config, memory_dim=6, decoder_input_size=5, output_size=4).double().train()
-        states = torch.randn(4, 7, 6, dtype=torch.float64, requires_grad=True)
-        decoder = torch.randn(4, 5, 5, dtype=torch.float64, requires_grad=True)
-        mask = torch.tensor([[1] * 7, [1] * 4 + [0] * 3, [0] * 2 + [1] * 5, [0] * 7])
-        counter = OpNames()
-        with counter:
-            out = memory(states, decoder, attention_mask=mask, base_address=torch.tensor([3, 60, 17, 9]),
-                         output_attentions=True)  # fmt: skip
-        loss = out.hidden_states.square().sum() + (out.content_attentions * torch.arange(7.0).double()).sum()
-        gradients = torch.autograd.grad(loss, [states, decoder, *memory.parameters()])
-        results[kernel] = (out, gradients, counter.names)
-    (eager, eager_grads, _), (fused, fused_grads, names) = results["eager"], results["auto"]
+    and every gradient, eager against auto, with an all-padding sample; auto reads it with `mode2_attention`, with
+    end-distance keys (`content_read_keys`) too: the kernel scores the keys, one matmul takes the values from `M`."""
+    eager, eager_grads, _ = content_read_step("eager", scoring=scoring, keys=keys)
+    fused, fused_grads, names = content_read_step("auto", scoring=scoring, keys=keys)
     for name in ("hidden_states", "content_attentions"):
         torch.testing.assert_close(getattr(fused, name), getattr(eager, name), **TOLERANCE[torch.float64])
     assert torch.equal(fused.content_attentions[3], torch.zeros(5, 7))  # the all-padding sample reads nothing

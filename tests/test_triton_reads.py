@@ -94,7 +94,7 @@ print("OK")
 
 STEP_CHECK = """
 import torch
-from test_fused_reads import TOLERANCE, training_step
+from test_fused_reads import TOLERANCE, content_read_step, training_step
 
 for scoring, init in (("cosine", "mean"), ("dot", "sum")):
     for dtype in (torch.float64, torch.float32):
@@ -109,6 +109,17 @@ for scoring, init in (("cosine", "mean"), ("dot", "sum")):
         for op in ports:
             assert f"panm_hf.{op}.default" in names, (op, sorted(set(names)))
         assert not [n for n in names if n.startswith("panm_hf.") and "triton" not in n], sorted(set(names))
+
+# the decoder content read, with its keys from M and from each slot's distance to the end (content_read_keys)
+for scoring, keys in (("cosine", "memory"), ("dot", "end_distance"), ("cosine", "end_distance_only")):
+    for dtype in (torch.float64, torch.float32):
+        eager, eager_grads, _ = content_read_step("eager", scoring=scoring, keys=keys, dtype=dtype)
+        ours, our_grads, names = content_read_step("triton", scoring=scoring, keys=keys, dtype=dtype)
+        for name in ("hidden_states", "content_attentions"):
+            torch.testing.assert_close(getattr(ours, name), getattr(eager, name), **TOLERANCE[dtype])
+        for our_grad, eager_grad in zip(our_grads, eager_grads, strict=True):
+            torch.testing.assert_close(our_grad, eager_grad, **TOLERANCE[dtype])
+        assert names.count("panm_hf.mode2_attention_triton.default") == 2, sorted(set(names))
 print("OK")
 """
 
