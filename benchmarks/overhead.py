@@ -29,7 +29,7 @@ take most of it, and one cached generation step for seq2seq (`--length` sets L =
 `reduce-overhead`, or the `cudagraphs` backend: the step replayed as CUDA graphs without Inductor's code
 generation), each alone after three untimed steps whose seconds, graphs, graph breaks and CUDA-graph skips (with
 their reasons) the JSON records; the seq2seq batch then carries `decoder_input_ids`, as Trainer's collator makes
-them; `--variants` narrows the PANM variants.
+them; `--variants` narrows the PANM variants (sections train, cost and kernels).
 `--smoke` runs every section on tiny models in seconds (the CI test of this script).
 """
 
@@ -157,9 +157,19 @@ PANM_EXAMPLE = dict(placement="stack", panm_drop_path=0.5, content_read="decoder
                     pointer_hidden_size=128, controller_hidden_size=128)
 
 
+# Issue 34's one-design candidate (examples/scan/run_table.py DESIGNS["panm_one_design"] with the end-distance
+# content keys): the Controller in place of the last decoder layer, no decoder positions, a window of 24, a
+# 1,024-wide g^o reading z_t (dropped for half the samples), dropout on PANM's output and the content read.
+PANM_ONE = dict(placement="replace", panm_drop_path=0.0, content_read="decoder", content_read_keys="end_distance",
+                decoder_positions="none", decoder_window=24, output_decoder_input=True, mlp_hidden_size=1024,
+                output_decoder_drop_path=0.5, panm_dropout=0.3, reads_dropout=0.0, content_read_dropout=0.3)
+DESIGNS = {"panm-example": PANM_EXAMPLE, "panm-one": PANM_ONE}
+
+
 def seq2seq_panm(config: BartConfig, variant: str, sizes: dict) -> PanmForSeq2SeqLM:
-    """PANM on the seq2seq case's BART: `panm-stack`, `panm-replace` (the paper's defaults) or `panm-example`."""
-    design = PANM_EXAMPLE if variant == "panm-example" else {"placement": variant.split("-")[1]}
+    """PANM on the seq2seq case's BART: `panm-stack`, `panm-replace` (the paper's defaults), `panm-example` or
+    `panm-one`."""
+    design = DESIGNS.get(variant, {"placement": variant.split("-")[1]})
     return PanmForSeq2SeqLM(PanmConfig(text_config=config, **{**design, **sizes["panm"]}))
 
 
@@ -172,7 +182,8 @@ def causal_model(variant: str, sizes: dict):
     return PanmForCausalLM(PanmConfig(text_config=config, **sizes["panm"]))
 
 
-VARIANTS = {"lstm": ["backbone", "panm"], "seq2seq": ["backbone", "panm-stack", "panm-replace", "panm-example"],
+VARIANTS = {"lstm": ["backbone", "panm"],
+            "seq2seq": ["backbone", "panm-stack", "panm-replace", "panm-example", "panm-one"],
             "qa": ["backbone", "panm"], "causal": ["backbone", "panm"]}
 
 
@@ -229,11 +240,15 @@ def compiled_step_seconds(model, loss_fn, optimizer, mode: str, args) -> dict:
             "cudagraph_skips": counters["inductor"]["cudagraph_skips"], "cudagraph_skip_reasons": sorted(skips.reasons)}
 
 
+def chosen_variants(case: str, args) -> list[str]:
+    """The case's variants, narrowed by `--variants` (the backbone always runs)."""
+    chosen = args.variants.split(",") if getattr(args, "variants", None) else None
+    return [v for v in VARIANTS[case] if chosen is None or v == "backbone" or v in chosen]
+
+
 def bench_train(case: str, args) -> dict:
     runs, tokens, rows = {}, {}, {}
-    for variant in VARIANTS[case]:
-        if args.variants and variant != "backbone" and variant not in args.variants.split(","):
-            continue
+    for variant in chosen_variants(case, args):
         model, loss_fn, tokens[variant] = build_case(case, variant, args.device, size=args.size,
                                                      collated=args.compile is not None)
         model.train()
@@ -507,7 +522,7 @@ def bench_kernels(case: str, args) -> dict:
     if args.device != "cuda":
         raise ValueError("--sections kernels counts CUDA kernels: run it with --device cuda (use `cost` on CPU).")
     result = {}
-    for variant in VARIANTS[case]:
+    for variant in chosen_variants(case, args):
         model, loss_fn, _ = build_case(case, variant, args.device, src_len=args.length, tgt_len=args.length,
                                        size=args.size)
         model.train()
@@ -559,7 +574,7 @@ def bench_cost(case: str, args) -> dict:
     of one cached generation step (`gen_step_ops`, with the variant's kernels); the LSTM case's research
     models have no token-by-token generation (they decode a fixed number of steps from the memory)."""
     result = {}
-    for variant in VARIANTS[case]:
+    for variant in chosen_variants(case, args):
         model, loss_fn, step_tokens = build_case(case, variant, args.device, size=args.size)
         model.train()
         if variant == "backbone":
@@ -627,7 +642,8 @@ def main() -> None:
                              "Inductor and CUDA graphs; cudagraphs: the backend of that name, CUDA graphs without "
                              "Inductor), after one compiling step; RNN modules are traced (Dynamo's allow_rnn)")
     parser.add_argument("--variants", default=None,
-                        help="section train: only these PANM variants (comma-separated; the backbone always runs)")
+                        help="sections train, cost, kernels: only these PANM variants (comma-separated; "
+                             "the backbone always runs)")
     parser.add_argument("--length", type=int, default=None,
                         help="section kernels: L = T for the lstm and seq2seq cases (default: the cases' own)")
     parser.add_argument("--memory-probe", nargs=3, metavar=("CASE", "VARIANT", "SIZE"), help=argparse.SUPPRESS)

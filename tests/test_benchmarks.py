@@ -51,6 +51,16 @@ def test_step_cost_counts_rnn_matmuls():
     assert cost["gflops"] * 1e9 >= 2 * 2 * 3 * 18 * (4 + 6)
 
 
+def test_variants_narrow_every_section_and_keep_the_backbone():
+    overhead = load_overhead()
+    args = type("Args", (), {"variants": "panm-one,panm-replace"})()
+    assert overhead.chosen_variants("seq2seq", args) == ["backbone", "panm-replace", "panm-one"]
+    assert overhead.chosen_variants("seq2seq", type("Args", (), {"variants": None})()) == overhead.VARIANTS["seq2seq"]
+    config = overhead.seq2seq_panm(overhead.BartConfig(**overhead.SIZES["smoke"]["seq2seq"]), "panm-one",
+                                   overhead.SIZES["smoke"]).config  # fmt: skip
+    assert (config.placement, config.content_read_keys, config.decoder_window) == ("replace", "end_distance", 24)
+
+
 @pytest.mark.smoke
 def test_overhead_benchmark_smoke_writes_every_section(tmp_path):
     output = tmp_path / "overhead.json"
