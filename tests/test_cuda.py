@@ -117,8 +117,13 @@ def test_memory_training_step_is_the_same_with_the_read_ports(scoring, init, dty
         torch.testing.assert_close(our_grads[name], grad, **READ_TOLERANCE[dtype], msg=name)
 
 
-# the examples' design (benchmarks/overhead.py PANM_EXAMPLE): shift pointers and the decoder content read
-DESIGNS = {"attention": {}, "example": {"pointer_update": "shift", "content_read": "decoder"}}
+# the examples' design (benchmarks/overhead.py PANM_EXAMPLE): shift pointers and the decoder content read; issue 34's
+# candidate (PANM_ONE): the content read keyed by M and each slot's distance from the end, g^o reading z_t
+DESIGNS = {
+    "attention": {},
+    "example": {"pointer_update": "shift", "content_read": "decoder"},
+    "one": {"content_read": "decoder", "content_read_keys": "end_distance", "output_decoder_input": True},
+}
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
