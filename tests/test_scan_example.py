@@ -320,6 +320,13 @@ def test_the_one_design_row_is_the_measured_candidate(tmp_path):
               panm_args.output_decoder_drop_path, panm_args.panm_dropout, panm_args.reads_dropout,
               panm_args.content_read_dropout, panm_args.pointer_hidden_size, panm_args.pointer_update)  # fmt: skip
     assert actual == ("decoder", True, 1024, 0.5, 0.3, 0.0, 0.3, 256, "attention")
+    assert panm_args.content_read_keys == "memory"
+    # `panm_one_design_ek`: the same flags and the end-distance keys, as this design's runs passed them
+    with_keys = run_scan.parse_arguments(run_table.command("panm_one_design_ek", 26, 0, args)[2:])
+    given = run_scan.parse_arguments(
+        run_table.command("panm_one_design", 26, 0, args)[2:] + ["--content_read_keys", "end_distance"]
+    )
+    assert with_keys[:2] == given[:2] and with_keys[1].content_read_keys == "end_distance"
 
 
 @pytest.mark.smoke

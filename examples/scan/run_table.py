@@ -74,6 +74,13 @@ DESIGNS = {
         "--mlp_hidden_size", "1024", "--output_decoder_drop_path", "0.5", "--panm_dropout", "0.3", "--reads_dropout",
         "0", "--content_read_dropout", "0.3",
     ],
+    # the same with the content read's keys carrying each slot's distance from the last real slot (place_value's
+    # digit lies a fixed number of slots before the end): the nearest to one design (docs/results/scan.md)
+    "panm_one_design_ek": [
+        "--model", "panm", *SCAN_DECODER, "--content_read", "decoder", "--output_decoder_input", "true",
+        "--mlp_hidden_size", "1024", "--output_decoder_drop_path", "0.5", "--panm_dropout", "0.3", "--reads_dropout",
+        "0", "--content_read_dropout", "0.3", "--content_read_keys", "end_distance",
+    ],
     # the translation and math examples' design (docs/results/transformer_integration.md), 128-wide GRUs
     "panm_example": ["--model", "panm", "--decoder_positions", "absolute", *MULTI30K_DESIGN],
     # one design for SCAN and Multi30K? (docs/results/scan.md#one-design-for-three-tasks): SCAN's decoder changes
