@@ -243,6 +243,9 @@ def compiled_step_seconds(model, loss_fn, optimizer, mode: str, args) -> dict:
 def chosen_variants(case: str, args) -> list[str]:
     """The case's variants, narrowed by `--variants` (the backbone always runs)."""
     chosen = args.variants.split(",") if getattr(args, "variants", None) else None
+    known = {variant for variants in VARIANTS.values() for variant in variants}
+    if chosen is not None and (unknown := sorted(set(chosen) - known)):
+        raise ValueError(f"--variants names unknown variants {unknown}; choose from {sorted(known)}.")
     return [v for v in VARIANTS[case] if chosen is None or v == "backbone" or v in chosen]
 
 

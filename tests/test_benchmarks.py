@@ -56,6 +56,8 @@ def test_variants_narrow_every_section_and_keep_the_backbone():
     args = type("Args", (), {"variants": "panm-one,panm-replace"})()
     assert overhead.chosen_variants("seq2seq", args) == ["backbone", "panm-replace", "panm-one"]
     assert overhead.chosen_variants("seq2seq", type("Args", (), {"variants": None})()) == overhead.VARIANTS["seq2seq"]
+    with pytest.raises(ValueError, match=r"--variants names unknown variants \['panm-once'\]"):
+        overhead.chosen_variants("seq2seq", type("Args", (), {"variants": "panm-one,panm-once"})())
     config = overhead.seq2seq_panm(overhead.BartConfig(**overhead.SIZES["smoke"]["seq2seq"]), "panm-one",
                                    overhead.SIZES["smoke"]).config  # fmt: skip
     assert (config.placement, config.content_read_keys, config.decoder_window) == ("replace", "end_distance", 24)

@@ -47,6 +47,13 @@ SCAN_DECODER = ["--decoder_positions", "none", "--decoder_window", "24"]
 SCAN_STACK = ["--content_read", "decoder", "--placement", "stack"]
 # The Multi30K design with SCAN's decoder and PANM deciding EOS: the base of the one-design rows below.
 MULTI30K_SCAN_EOS = ["--model", "panm", *SCAN_DECODER, *MULTI30K_DESIGN, "--eos_decision", "panm"]
+# The one-design candidate (docs/results/scan.md#one-design-for-three-tasks): panm_nope_cr_window with g^o reading
+# z_t, 1,024 wide, half the samples' g^o without it, dropout 0.3 on PANM's output and the content read only
+ONE_DESIGN = [
+    "--model", "panm", *SCAN_DECODER, "--content_read", "decoder", "--output_decoder_input", "true",
+    "--mlp_hidden_size", "1024", "--output_decoder_drop_path", "0.5", "--panm_dropout", "0.3", "--reads_dropout",
+    "0", "--content_read_dropout", "0.3",
+]  # fmt: skip
 # Named designs: the flags each adds to run_scan.py (docs/results/scan.md measures them).
 DESIGNS = {
     "transformer": ["--model", "transformer", "--decoder_positions", "absolute"],
@@ -67,20 +74,10 @@ DESIGNS = {
     "transformer_nope_window": ["--model", "transformer", "--decoder_positions", "none", "--decoder_window", "24"],
     "panm_nope_cr_window": ["--model", "panm", "--decoder_positions", "none", "--content_read", "decoder",
                             "--decoder_window", "24"],
-    # the one-design candidate (docs/results/scan.md#one-design-for-three-tasks): panm_nope_cr_window with g^o reading
-    # z_t, 1,024 wide, half the samples' g^o without it, dropout 0.3 on PANM's output and the content read only
-    "panm_one_design": [
-        "--model", "panm", *SCAN_DECODER, "--content_read", "decoder", "--output_decoder_input", "true",
-        "--mlp_hidden_size", "1024", "--output_decoder_drop_path", "0.5", "--panm_dropout", "0.3", "--reads_dropout",
-        "0", "--content_read_dropout", "0.3",
-    ],
+    "panm_one_design": ONE_DESIGN,
     # the same with the content read's keys carrying each slot's distance from the last real slot (place_value's
     # digit lies a fixed number of slots before the end): the nearest to one design (docs/results/scan.md)
-    "panm_one_design_ek": [
-        "--model", "panm", *SCAN_DECODER, "--content_read", "decoder", "--output_decoder_input", "true",
-        "--mlp_hidden_size", "1024", "--output_decoder_drop_path", "0.5", "--panm_dropout", "0.3", "--reads_dropout",
-        "0", "--content_read_dropout", "0.3", "--content_read_keys", "end_distance",
-    ],
+    "panm_one_design_ek": [*ONE_DESIGN, "--content_read_keys", "end_distance"],
     # the translation and math examples' design (docs/results/transformer_integration.md), 128-wide GRUs
     "panm_example": ["--model", "panm", "--decoder_positions", "absolute", *MULTI30K_DESIGN],
     # one design for SCAN and Multi30K? (docs/results/scan.md#one-design-for-three-tasks): SCAN's decoder changes
