@@ -42,7 +42,7 @@ kernels() {  # kernels KERNEL CASES NAME [LENGTH]
     ${4:+--length $4} --output "$DIR/kernels_cuda_$3.json" 2>&1 | grep -E "kernels|Error"
 }
 throughput auto
-captured cudagraphs 110 panm,panm-stack,panm-replace,panm-example
+captured cudagraphs 110 panm,panm-stack,panm-replace,panm-example,panm-one
 captured reduce-overhead 180 panm-replace,panm-example  # Inductor: 25-40 s of compiling per model on an H100
 kernels auto lstm auto_lstm
 kernels auto seq2seq auto_seq2seq_L24 24

@@ -151,15 +151,16 @@ def _build_case(case: str, variant: str, device: str, src_len: int | None = None
     raise ValueError(f"unknown case {case!r}")
 
 
-# The examples' recommended design (examples/scan/run_table.py DESIGNS["panm_example"], the translation
-# example's defaults in panm_hf/pipelines/seq2seq.py): shift pointers, the decoder content read, stacked.
+# The Multi30K design (`--panm_design multi30k`, the translation and math examples' default before stop 60;
+# examples/scan/run_table.py DESIGNS["panm_example"]): shift pointers, the decoder content read, stacked.
 PANM_EXAMPLE = dict(placement="stack", panm_drop_path=0.5, content_read="decoder", pointer_update="shift",
                     pointer_hidden_size=128, controller_hidden_size=128)
 
 
-# Issue 34's one-design candidate (examples/scan/run_table.py DESIGNS["panm_one_design"] with the end-distance
-# content keys): the Controller in place of the last decoder layer, no decoder positions, a window of 24, a
-# 1,024-wide g^o reading z_t (dropped for half the samples), dropout on PANM's output and the content read.
+# The one design, the examples' recommended design since stop 60 (`--panm_design one`, PANM_DESIGNS in
+# panm_hf/pipelines/seq2seq.py; run_table.py's `panm_one_design_ek`): the Controller in place of the last decoder
+# layer, no decoder positions, a window of 24, the content read keyed by the distance from the end, a 1,024-wide g^o
+# reading z_t (dropped for half the samples), dropout on PANM's output and the content read.
 PANM_ONE = dict(placement="replace", panm_drop_path=0.0, content_read="decoder", content_read_keys="end_distance",
                 decoder_positions="none", decoder_window=24, output_decoder_input=True, mlp_hidden_size=1024,
                 output_decoder_drop_path=0.5, panm_dropout=0.3, reads_dropout=0.0, content_read_dropout=0.3)

@@ -66,9 +66,12 @@ def test_smoke_run_scores_both_models_on_both_sets(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((tmp_path / "results.json").read_text())
     assert summary["module"] == "add_or_sub" and summary["num_eval"] == {"interpolate": 16, "extrapolate": 16}
-    # the example's defaults, the measured best on place_value: the whole backbone kept, PANM drop-pathed
-    assert summary["model_args"]["placement"] == "stack" and summary["model_args"]["panm_drop_path"] == 0.5
+    # the example's defaults, the one design: the paper's integration, the end-distance content read, no decoder
+    # positions (both models)
+    assert summary["model_args"]["placement"] == "replace" and summary["model_args"]["panm_drop_path"] == 0.0
     assert summary["model_args"]["content_read"] == "decoder"
+    assert summary["model_args"]["content_read_keys"] == "end_distance"
+    assert summary["model_args"]["decoder_positions"] == "none"
     for name in ("transformer", "panm"):
         result = summary["results"][name]
         for split in ("interpolate", "extrapolate"):

@@ -327,6 +327,30 @@ def test_the_one_design_row_is_the_measured_candidate(tmp_path):
         run_table.command("panm_one_design", 26, 0, args)[2:] + ["--content_read_keys", "end_distance"]
     )
     assert with_keys[:2] == given[:2] and with_keys[1].content_read_keys == "end_distance"
+    # ... and run_scan.py's defaults (ONE_DESIGN_FLAGS) are that row's PANM flags
+    defaults = run_scan.parse_arguments(["--output_dir", str(tmp_path)])
+    assert defaults[1] == with_keys[1]
+    assert (defaults[0].placement, defaults[0].decoder_positions, defaults[0].decoder_window) == ("replace", "none", 24)
+
+
+@pytest.mark.parametrize(
+    "extra,expected",
+    [
+        ([], (0.0, None, None)),
+        (["--panm_dropout", "0.1"], (0.1, None, None)),
+        (["--content_read", "decoder", "--reads_dropout", "0.2", "--content_read_dropout", "0.4"], (0.0, 0.2, 0.4)),
+    ],
+)
+def test_table_rows_keep_the_papers_flags_under_the_examples_defaults(tmp_path, extra, expected):
+    """A row is the paper's integration (`--panm_design paper`) plus its own flags, though run_scan.py defaults to the
+    one design: a row run with `--panm_dropout` alone leaves the reads' rates at PanmMemoryConfig's None."""
+    args = run_table.parse_arguments(["--output_dir", str(tmp_path), *extra])
+    model_args, panm_args, _, _ = run_scan.parse_arguments(run_table.command("panm", 26, 0, args)[2:])
+    assert (panm_args.panm_dropout, panm_args.reads_dropout, panm_args.content_read_dropout) == expected
+    assert (panm_args.output_decoder_input, panm_args.mlp_hidden_size, panm_args.output_decoder_drop_path) == (
+        False, 128, 0.0,
+    )  # fmt: skip
+    assert model_args.panm_design == "paper" and model_args.decoder_positions == "absolute"
 
 
 @pytest.mark.smoke

@@ -73,8 +73,11 @@ def test_smoke_run_writes_finite_perplexity_and_bleu(tmp_path):
         # BLEU is decoded with the cache (a config shared between the two models once lost it)
         assert json.loads((tmp_path / name / "generation_config.json").read_text())["use_cache"] is True
     assert summary["results"]["panm"]["num_parameters"] != summary["results"]["transformer"]["num_parameters"]
-    # the example's defaults, the measured best integration: the whole backbone kept, PANM's output drop-pathed
-    assert summary["placement"] == "stack" and summary["model_args"]["panm_drop_path"] == 0.5
+    # the example's defaults, the one design: the paper's integration, the end-distance content read, both models'
+    # decoders without positions (a window of 24)
+    assert summary["placement"] == "replace" and summary["model_args"]["panm_design"] == "one"
+    assert summary["model_args"]["content_read_keys"] == "end_distance"
+    assert summary["model_args"]["decoder_positions"] == "none" and summary["model_args"]["decoder_window"] == 24
 
     # ablate_reads.py rebuilds the same test split from results.json and scores the saved models
     import ablate_reads
@@ -211,11 +214,80 @@ def test_example_defaults_apply_to_flags_and_json_and_yield_to_what_is_given(tmp
     else:
         argv = [f"--{key}={value}" for key, value in given.items()]
     model_args, panm_args, _, training_args = parse_arguments(argv)
-    # the example's defaults (a JSON file once fell back to PanmMemoryConfig's, the paper's)
-    assert model_args.placement == "stack" and panm_args.panm_drop_path == 0.5
-    assert panm_args.content_read == "decoder"
+    # the example's defaults, the one design (a JSON file once fell back to PanmMemoryConfig's, the paper's)
+    assert model_args.placement == "replace" and panm_args.panm_drop_path == 0.0
+    assert (panm_args.content_read, panm_args.content_read_keys, panm_args.mlp_hidden_size) == (
+        "decoder", "end_distance", 1024,
+    )  # fmt: skip
+    assert (model_args.decoder_positions, model_args.decoder_window) == ("none", 24)
     # what is given wins over them
     assert panm_args.pointer_update == "attention" and training_args.seed == 7
+
+
+def parse_given(given: dict, tmp_path, from_json: bool) -> tuple:
+    """run_translation's parsed arguments for the keys `given`, as flags or as a JSON argument file."""
+    from run_translation import parse_arguments
+
+    if from_json:
+        path = tmp_path / "args.json"
+        path.write_text(json.dumps({"output_dir": str(tmp_path), **given}))
+        return parse_arguments([str(path)])
+    return parse_arguments([f"--output_dir={tmp_path}", *(f"--{k}={v}" for k, v in given.items())])
+
+
+@pytest.mark.parametrize("from_json", [False, True])
+def test_turning_a_design_part_off_resets_the_defaults_that_need_it(tmp_path, from_json):
+    """`--content_read none` or `--output_decoder_input false` under the one design's defaults gives the library's
+    values for the flags that only mean something with them (no ValueError); naming such a flag still raises."""
+    def parse(given):
+        return parse_given(given, tmp_path, from_json)
+
+    _, panm_args, _, _ = parse({"content_read": "none", "output_decoder_input": False})
+    assert (panm_args.content_read_keys, panm_args.content_read_dropout, panm_args.output_decoder_drop_path) == (
+        "memory", None, 0.0,
+    )  # fmt: skip
+    assert panm_args.panm_dropout == 0.3 and panm_args.mlp_hidden_size == 1024  # the rest of the design stays
+    _, panm_args, _, _ = parse({"content_read": "controller"})
+    assert panm_args.content_read_keys == "memory" and panm_args.content_read_dropout == 0.3
+    with pytest.raises(ValueError, match="content_read_dropout"):
+        parse({"content_read": "none", "content_read_dropout": 0.3})
+
+
+@pytest.mark.parametrize("from_json", [False, True])
+def test_a_named_design_replaces_the_whole_default_and_yields_to_flags(tmp_path, from_json):
+    """`--panm_design multi30k` reproduces the example's defaults before stop 60, every flag of the one design reset;
+    a flag given beside it wins; an unknown name raises a ValueError naming the choices."""
+    def parse(given):
+        return parse_given(given, tmp_path, from_json)
+
+    model_args, panm_args, _, _ = parse({"panm_design": "multi30k", "pointer_hidden_size": 128})
+    assert (model_args.panm_design, model_args.placement, model_args.decoder_positions, model_args.decoder_window) == (
+        "multi30k", "stack", "absolute", 0,
+    )  # fmt: skip
+    assert (panm_args.panm_drop_path, panm_args.pointer_update, panm_args.content_read_keys) == (0.5, "shift", "memory")
+    assert (panm_args.output_decoder_input, panm_args.mlp_hidden_size, panm_args.panm_dropout) == (False, 128, 0.0)
+    assert panm_args.reads_dropout is None and panm_args.pointer_hidden_size == 128
+    model_args, panm_args, _, _ = parse({})
+    assert model_args.panm_design == "one" and panm_args.content_read_keys == "end_distance"
+    with pytest.raises(ValueError, match="--panm_design must be one of"):
+        parse({"panm_design": "best"})
+
+
+def test_a_checkpoint_or_t5_keeps_its_decoder_unless_the_decoder_flags_are_named(tmp_path):
+    """Under the one design's defaults a pretrained backbone is not given the design's decoder (its positions zeroed),
+    a trained checkpoint keeps the settings it records and T5 its relative positions, unless the run names the
+    decoder flags."""
+    from run_translation import parse_arguments
+
+    base = [f"--output_dir={tmp_path}", "--model_name_or_path=path/to/bart"]
+    model_args, panm_args, _, _ = parse_arguments(base)
+    assert (model_args.decoder_positions, model_args.decoder_window) == ("absolute", 0)
+    assert panm_args.content_read_keys == "end_distance"  # PANM's own flags still wrap a plain backbone
+    model_args, _, _, _ = parse_arguments([*base, "--decoder_window=24"])
+    assert (model_args.decoder_positions, model_args.decoder_window) == ("absolute", 24)
+    # T5's positions are relative: the design's decoder flags (which need absolute ones) do not apply to it
+    model_args, panm_args, _, _ = parse_arguments([f"--output_dir={tmp_path}", "--backbone=t5"])
+    assert (model_args.decoder_positions, model_args.decoder_window, panm_args.mlp_hidden_size) == ("absolute", 0, 1024)
 
 
 def test_controls_train_panm_without_its_pointers_or_reads():
@@ -329,3 +401,25 @@ def test_decoder_positions_flag_reaches_both_models_and_the_config():
     windowed = build_model("transformer", ModelArguments(decoder_window=4), panm_args, text_config)
     causal = [m for m in windowed.modules() if getattr(m, "is_causal", False) is True]
     assert causal and all(m.window == 4 and m.alibi is False for m in causal)
+
+
+def test_the_default_design_is_the_one_measured_on_multi30k(tmp_path):
+    """The documented commands (docs/results/scan.md, translation.md's base command) parse to the model flags that
+    the recorded Multi30K runs ran with: `--panm_design one` to the one design's, `multi30k` to the earlier
+    default's."""
+    import shlex
+    from dataclasses import asdict
+
+    from run_translation import parse_arguments
+
+    base = ("--panm_design multi30k --num_layers 2 --d_model 128 --ffn_dim 256 --attention_heads 4 --vocab_size 4000 "
+            "--pointer_hidden_size 128 --controller_hidden_size 128 --mlp_hidden_size 128 --split_ratio 0.5 "
+            f"--backbone bart --model panm --output_dir {tmp_path}")  # fmt: skip
+    one = " --panm_design one --pointer_hidden_size 256 --controller_hidden_size 256 --mlp_hidden_size 1024"
+    runs = json.loads((ROOT / "docs/results/translation/split0.5_design_probes_seed42.json").read_text())["runs"]
+    for command, key in ((base + one, "bart_0.5_window_design_zg_m1024_pd0.3_rd0_crd0.3_odp0.5_ek_s42"),
+                         (base, "bart_0.5_m30k_design_s42_intel")):  # fmt: skip
+        model_args, panm_args, _, _ = parse_arguments(shlex.split(command))
+        parsed = {**asdict(model_args), **asdict(panm_args)}
+        recorded = runs[key]["model_args"]
+        assert {name: parsed[name] for name in recorded} == recorded

@@ -346,6 +346,11 @@ def main(argv: list[str] | None = None) -> dict:
     if data_args.smoke:
         apply_smoke(SMOKE_OVERRIDES, model_args, panm_args, data_args, training_args)
     validate_model_args(model_args)
+    if model_args.panm_design is not None:
+        raise ValueError(
+            "--panm_design is for the translation, math and SCAN examples; here PANM's defaults are "
+            "--placement residual --content_read decoder --pointer_update shift: give the flags themselves."
+        )
     check_run(data_args, training_args, model_args.model)
     if training_args.do_train and training_args.max_steps <= 0 and training_args.num_train_epochs <= 0:
         raise ValueError("Set --max_steps or --num_train_epochs (the paper: 100 epochs).")

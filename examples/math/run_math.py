@@ -47,12 +47,12 @@ from panm_hf.pipelines.script_conventions import (
     write_results,
 )
 from panm_hf.pipelines.seq2seq import (
-    MEASURED_BEST_FLAGS,
     MODELS,
     apply_smoke,
     backbone_config,
     build_model,
     model_trainer,
+    parse_with_defaults,
     validate_model_args,
 )
 
@@ -97,9 +97,7 @@ SMOKE_OVERRIDES = {
 def read_pairs(path: Path, limit: int | None = None) -> tuple[list[str], list[str]]:
     """`question<TAB>answer` lines of a gzipped TSV; ValueError naming the file and line when damaged."""
     if not path.is_file():
-        raise ValueError(
-            f"{path} does not exist; --data_dir must hold <module>.<split>.tsv.gz (see shared/data/math)."
-        )
+        raise ValueError(f"{path} does not exist; --data_dir must hold <module>.<split>.tsv.gz (see shared/data/math).")
     questions, answers = [], []
     try:
         with gzip.open(path, "rt", encoding="utf-8") as handle:
@@ -213,8 +211,7 @@ def main(argv: list[str] | None = None) -> dict:
     use_cpu_for_multi_process_launch()
     argv = sys.argv[1:] if argv is None else argv
     parser = HfArgumentParser((ModelArguments, PanmMemoryConfig, DataArguments, Seq2SeqTrainingArguments))
-    parser.set_defaults(**MEASURED_BEST_FLAGS, **TRAINING_DEFAULTS)
-    model_args, panm_args, data_args, training_args = parser.parse_args_into_dataclasses(args=argv)
+    model_args, panm_args, data_args, training_args = parse_with_defaults(parser, TRAINING_DEFAULTS, argv)
     apply_default_steps(training_args, argv, ("do_train", "do_eval"))
     if data_args.smoke:
         apply_smoke(SMOKE_OVERRIDES, model_args, panm_args, data_args, training_args)

@@ -58,16 +58,9 @@ from panm_hf.pipelines.seq2seq import (
     backbone_config,
     build_model,
     model_trainer,
+    parse_with_defaults,
     validate_model_args,
 )
-
-# The SCAN example's defaults: the measured best design on SCAN (docs/results/scan.md, `panm_nope_cr_window` of
-# run_table.py): the paper's integration (`replace`) with the decoder content read, a decoder without absolute
-# positions and its self-attention on its last 24 tokens. The decoder flags apply to both models of --model both.
-SCAN_PANM_FLAGS = {
-    "placement": "replace", "panm_drop_path": 0.0, "content_read": "decoder", "decoder_positions": "none",
-    "decoder_window": 24,
-}  # fmt: skip
 
 
 @dataclass
@@ -226,8 +219,7 @@ def validate(model_args: ModelArguments, data_args: DataArguments, training_args
 def parse_arguments(argv: list[str]) -> tuple:
     """`(model_args, panm_args, data_args, training_args)` from the command line, with the SCAN defaults."""
     parser = HfArgumentParser((ModelArguments, PanmMemoryConfig, DataArguments, Seq2SeqTrainingArguments))
-    parser.set_defaults(**SCAN_PANM_FLAGS, **TRAINING_DEFAULTS)
-    return parser.parse_args_into_dataclasses(args=argv)
+    return parse_with_defaults(parser, TRAINING_DEFAULTS, argv)
 
 
 def main(argv: list[str] | None = None) -> dict:

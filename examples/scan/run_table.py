@@ -29,13 +29,11 @@ BUDGET = [
     "--per_device_eval_batch_size", "256", "--eval_every", "500", "--curve_samples", "256", "--logging_steps", "250",
     "--save_strategy", "no", "--report_to", "none", "--disable_tqdm", "true",
 ]  # fmt: skip
-# Every design starts from the paper's integration, whatever run_scan.py's defaults are: the table's rows keep
-# their meaning when the example's defaults change.
-PAPER_INTEGRATION = [
-    "--placement", "replace", "--panm_drop_path", "0", "--content_read", "none", "--pointer_update", "attention",
-    "--decoder_positions", "absolute", "--decoder_window", "0", "--eos_decision", "shared",
-]  # fmt: skip
-# The translation and math examples' PANM flags, with their 128-wide GRUs; SCAN's decoder changes.
+# Every design starts from the paper's integration (`--panm_design paper`: the flags of every named design at the
+# paper's values), whatever run_scan.py's defaults are: the table's rows keep their meaning when the example's
+# defaults change (stop 60: the one design).
+PAPER_INTEGRATION = ["--panm_design", "paper", "--eos_decision", "shared"]
+# The translation and math examples' PANM flags before stop 60, with their 128-wide GRUs (the Multi30K design).
 MULTI30K_DESIGN = [
     "--placement", "stack", "--panm_drop_path", "0.5", "--content_read", "decoder", "--pointer_update", "shift",
     "--pointer_hidden_size", "128", "--controller_hidden_size", "128",
@@ -47,13 +45,10 @@ SCAN_DECODER = ["--decoder_positions", "none", "--decoder_window", "24"]
 SCAN_STACK = ["--content_read", "decoder", "--placement", "stack"]
 # The Multi30K design with SCAN's decoder and PANM deciding EOS: the base of the one-design rows below.
 MULTI30K_SCAN_EOS = ["--model", "panm", *SCAN_DECODER, *MULTI30K_DESIGN, "--eos_decision", "panm"]
-# The one-design candidate (docs/results/scan.md#one-design-for-three-tasks): panm_nope_cr_window with g^o reading
-# z_t, 1,024 wide, half the samples' g^o without it, dropout 0.3 on PANM's output and the content read only
-ONE_DESIGN = [
-    "--model", "panm", *SCAN_DECODER, "--content_read", "decoder", "--output_decoder_input", "true",
-    "--mlp_hidden_size", "1024", "--output_decoder_drop_path", "0.5", "--panm_dropout", "0.3", "--reads_dropout",
-    "0", "--content_read_dropout", "0.3",
-]  # fmt: skip
+# The one design, the examples' defaults (docs/results/scan.md#one-design-for-three-tasks): the SCAN design
+# (`panm_nope_cr_window`) with g^o reading z_t, 1,024 wide, half the samples' g^o without it, dropout 0.3 on PANM's
+# output and the content read only, the content read's keys carrying each slot's distance from the end.
+ONE_DESIGN = ["--model", "panm", "--panm_design", "one"]
 # Named designs: the flags each adds to run_scan.py (docs/results/scan.md measures them).
 DESIGNS = {
     "transformer": ["--model", "transformer", "--decoder_positions", "absolute"],
@@ -74,10 +69,11 @@ DESIGNS = {
     "transformer_nope_window": ["--model", "transformer", "--decoder_positions", "none", "--decoder_window", "24"],
     "panm_nope_cr_window": ["--model", "panm", "--decoder_positions", "none", "--content_read", "decoder",
                             "--decoder_window", "24"],
-    "panm_one_design": ONE_DESIGN,
-    # the same with the content read's keys carrying each slot's distance from the last real slot (place_value's
-    # digit lies a fixed number of slots before the end): the nearest to one design (docs/results/scan.md)
-    "panm_one_design_ek": [*ONE_DESIGN, "--content_read_keys", "end_distance"],
+    # the one design with the content read keyed by `M` alone (its first measured form)
+    "panm_one_design": [*ONE_DESIGN, "--content_read_keys", "memory"],
+    # the one design: the content read's keys carry each slot's distance from the last real slot (place_value's
+    # digit lies a fixed number of slots before the end); run_scan.py's defaults
+    "panm_one_design_ek": ONE_DESIGN,
     # the translation and math examples' design (docs/results/transformer_integration.md), 128-wide GRUs
     "panm_example": ["--model", "panm", "--decoder_positions", "absolute", *MULTI30K_DESIGN],
     # one design for SCAN and Multi30K? (docs/results/scan.md#one-design-for-three-tasks): SCAN's decoder changes

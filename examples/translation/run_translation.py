@@ -47,7 +47,6 @@ from panm_hf.pipelines.script_conventions import (
     write_results,
 )
 from panm_hf.pipelines.seq2seq import (
-    MEASURED_BEST_FLAGS,
     MODELS,
     ModelArguments,
     apply_smoke,
@@ -55,11 +54,12 @@ from panm_hf.pipelines.seq2seq import (
     build_model,
     gather_checksums,
     model_trainer,
+    parse_with_defaults,
     validate_model_args,
 )
 
 # test perplexity every epoch is the figure's curve; a flag given wins
-EXAMPLE_DEFAULTS = {**MEASURED_BEST_FLAGS, **TRAINING_DEFAULTS, "eval_strategy": "epoch"}
+EXAMPLE_DEFAULTS = {**TRAINING_DEFAULTS, "eval_strategy": "epoch"}
 
 
 @dataclass
@@ -235,12 +235,11 @@ def parse_arguments(argv: list[str]) -> tuple:
     The example's defaults (`EXAMPLE_DEFAULTS`) apply either way; a flag or JSON key given wins.
     """
     parser = HfArgumentParser((ModelArguments, PanmMemoryConfig, DataArguments, Seq2SeqTrainingArguments))
-    parser.set_defaults(**EXAMPLE_DEFAULTS)
+    given = None
     if len(argv) == 1 and argv[0].endswith(".json"):
         with open(os.path.abspath(argv[0]), encoding="utf-8") as handle:
             given = json.load(handle)
-        return parser.parse_dict({**EXAMPLE_DEFAULTS, **given})  # parse_dict alone ignores set_defaults
-    return parser.parse_args_into_dataclasses(args=argv)
+    return parse_with_defaults(parser, EXAMPLE_DEFAULTS, argv, given)
 
 
 def load_pairs(data_args: DataArguments, seed: int) -> dict[str, TranslationPairs]:

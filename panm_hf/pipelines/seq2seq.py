@@ -20,6 +20,7 @@ from transformers import (
     AutoModelForSeq2SeqLM,
     BartConfig,
     DataCollatorForSeq2Seq,
+    HfArgumentParser,
     MarianConfig,
     PreTrainedModel,
     Seq2SeqTrainer,
@@ -36,13 +37,85 @@ from panm_hf.pipelines.script_conventions import gather_from_ranks, load_pretrai
 
 MODELS = ("transformer", "panm")
 BACKBONES = ("marian", "bart", "t5")
-# PANM flags whose example default is the measured best for a Transformer trained from scratch
+# The bAbI example's PANM flags: the measured best there for a Transformer trained from scratch
 # (docs/results/transformer_integration.md); PanmMemoryConfig's own defaults are the paper's.
 RECOMMENDED_PANM_FLAGS = {"content_read": "decoder", "pointer_update": "shift"}
-# The translation and math examples' defaults on top: the whole backbone kept (`stack`) and PANM's
-# output dropped for half of each batch's samples in training, the measured best on Multi30K (section
-# 12 of that page) and on place_value (docs/RESULTS.md); the bAbI example keeps `residual`.
-MEASURED_BEST_FLAGS = {**RECOMMENDED_PANM_FLAGS, "placement": "stack", "panm_drop_path": 0.5}
+# PANM designs by name (`--panm_design`), each a value for every flag any of them sets, so that one replaces another
+# whole; the translation, math and SCAN examples default to "one". The two decoder flags apply to the Transformer of
+# `--model both` too.
+PAPER_DESIGN = {
+    "placement": "replace", "panm_drop_path": 0.0, "content_read": "none", "content_read_keys": "memory",
+    "pointer_update": "attention", "output_decoder_input": False, "mlp_hidden_size": 128,
+    "output_decoder_drop_path": 0.0, "panm_dropout": 0.0, "reads_dropout": None, "content_read_dropout": None,
+    "decoder_positions": "absolute", "decoder_window": 0,
+}  # fmt: skip
+PANM_DESIGNS = {
+    # the paper's integration: the Controller in place of the last decoder layer, PanmMemoryConfig's defaults
+    "paper": PAPER_DESIGN,
+    # the one design (docs/results/scan.md#one-design-for-three-tasks): the paper's integration with the decoder
+    # content read keyed by `M` and each slot's distance from the end, `g^o` 1,024 wide and reading the decoder state
+    # `z_t` too (for half the training samples without it), dropout 0.3 on PANM's output and on the content read (none
+    # on the pointer reads), and a decoder without absolute positions whose self-attention sees its last 24 tokens
+    "one": {
+        **PAPER_DESIGN, "content_read": "decoder", "content_read_keys": "end_distance", "output_decoder_input": True,
+        "mlp_hidden_size": 1024, "output_decoder_drop_path": 0.5, "panm_dropout": 0.3, "reads_dropout": 0.0,
+        "content_read_dropout": 0.3, "decoder_positions": "none", "decoder_window": 24,
+    },
+    # the translation and math examples' defaults before stop 60 (docs/results/transformer_integration.md, section
+    # 12): every decoder layer kept, PANM's output dropped for half the training samples, the content read, `shift`
+    "multi30k": {
+        **PAPER_DESIGN, "placement": "stack", "panm_drop_path": 0.5, "content_read": "decoder",
+        "pointer_update": "shift",
+    },
+    # the SCAN example's default before stop 60 (`panm_nope_cr_window` in examples/scan/run_table.py)
+    "scan": {**PAPER_DESIGN, "content_read": "decoder", "decoder_positions": "none", "decoder_window": 24},
+}  # fmt: skip
+DEFAULT_DESIGN = "one"
+DECODER_FLAGS = ("decoder_positions", "decoder_window")  # the designs' flags that change the backbone itself
+# Flags that mean something only while another flag is on (PanmMemoryConfig raises otherwise): a run that turns that
+# flag off and does not name them gets PanmMemoryConfig's defaults for them (`parse_with_defaults`).
+DEPENDENT_FLAGS = {
+    "content_read_keys": ("content_read", ("none", "controller"), "memory"),
+    "content_read_dropout": ("content_read", ("none",), None),
+    "output_decoder_drop_path": ("output_decoder_input", (False,), 0.0),
+}
+
+
+def named_design(argv: list[str], given: dict | None = None) -> str:
+    """The `--panm_design` a command line (or a JSON file's keys, `given`) names, or DEFAULT_DESIGN."""
+    name = DEFAULT_DESIGN if given is None else given.get("panm_design", DEFAULT_DESIGN)
+    for index, token in enumerate(argv if given is None else ()):
+        flag, _, value = token.partition("=")
+        if flag in ("--panm_design", "--panm-design"):
+            name = value or (argv[index + 1] if index + 1 < len(argv) else "")
+    if name not in PANM_DESIGNS:
+        raise ValueError(f"--panm_design must be one of {tuple(PANM_DESIGNS)} (got {name!r}).")
+    return name
+
+
+def parse_with_defaults(parser: HfArgumentParser, defaults: dict, argv: list[str], given: dict | None = None) -> tuple:
+    """The parser's dataclasses from the command line `argv`, or from `given` (a JSON file's keys), over the example's
+    `defaults` and the flags of the PANM design the run names (`--panm_design`, default "one"). What the run names
+    wins; a design flag of DEPENDENT_FLAGS whose flag the run turns off (for example `--content_read none`) falls
+    back to the library's default instead of raising; with `--model_name_or_path` or `--backbone t5` the design's
+    DECODER_FLAGS do not apply unless named (the checkpoint's decoder, T5's relative positions are kept)."""
+    design = named_design(argv, given)
+    defaults = {**PANM_DESIGNS[design], **defaults, "panm_design": design}
+    parser.set_defaults(**defaults)
+    if given is None:
+        values = vars(parser.parse_args(argv))
+        named = {token[2:].split("=")[0].replace("-", "_") for token in argv if token.startswith("--")}
+    else:
+        values, named = {**defaults, **given}, set(given)  # parse_dict alone ignores set_defaults
+    for name, (switch, off, fallback) in DEPENDENT_FLAGS.items():
+        if name not in named and values.get(switch) in off:
+            values[name] = fallback
+    if values.get("model_name_or_path") is not None or values.get("backbone") == "t5":
+        # a checkpoint keeps its decoder (a pretrained backbone its positions, a model the examples trained the
+        # settings it records: `use_decoder_signal`), and T5 its relative positions, unless the run names the
+        # decoder flags themselves
+        values.update({name: PAPER_DESIGN[name] for name in DECODER_FLAGS if name not in named})
+    return parser.parse_dict(values)
 
 
 @dataclass
@@ -59,11 +132,18 @@ class ModelArguments:
     ffn_dim: int = field(default=512, metadata={"help": "Transformer feed-forward size."})
     attention_heads: int = field(default=4, metadata={"help": "Attention heads per layer."})
     dropout: float = field(default=0.1)
+    panm_design: str | None = field(
+        default=None,
+        metadata={
+            "help": "The translation, math and SCAN examples: a named set of PANM and decoder flags "
+            f"(PANM_DESIGNS: {', '.join(PANM_DESIGNS)}; default {DEFAULT_DESIGN}); flags given with it win."
+        },
+    )
     placement: str = field(
         default="residual",
         metadata={
-            "help": "PANM placement: residual, replace (paper), stack or top (see PanmConfig); the translation "
-            "and math examples default to stack (with --panm_drop_path 0.5), the bAbI example to residual."
+            "help": "PANM placement: residual, replace (paper), stack or top (see PanmConfig); the translation, "
+            "math and SCAN examples default to --panm_design one (replace), the bAbI example to residual."
         },
     )
     eos_decision: str = field(
@@ -111,7 +191,6 @@ class ModelArguments:
     )
 
 
-
 def apply_smoke(smoke_overrides: dict, *parsed_args) -> None:
     """The smoke budget: settings that make one run take seconds on a CPU; flags given explicitly win.
 
@@ -146,6 +225,8 @@ def validate_model_args(model_args: ModelArguments) -> None:
             f"--panm_weight_decay must be >= 0 (got {model_args.panm_weight_decay}); omit it to use "
             "--weight_decay for PANM's weights too."
         )
+    if model_args.panm_design is not None and model_args.panm_design not in PANM_DESIGNS:
+        raise ValueError(f"--panm_design must be one of {tuple(PANM_DESIGNS)} (got {model_args.panm_design!r}).")
     validate_control(model_args.control)
     if model_args.decoder_positions not in DECODER_POSITIONS:
         raise ValueError(
@@ -167,7 +248,6 @@ def validate_model_args(model_args: ModelArguments) -> None:
         raise ValueError(f"--max_position_offset must be >= 0 (got {model_args.max_position_offset}).")
     if model_args.control is not None and model_args.model == "transformer":
         raise ValueError("--control applies to the PANM model; use --model panm or both.")
-
 
 
 def backbone_config(model_args: ModelArguments, tokenizer, max_positions: int):
@@ -342,4 +422,3 @@ def model_trainer(
         processing_class=tokenizer,
         panm_weight_decay=panm_weight_decay,
     )
-
