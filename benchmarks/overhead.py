@@ -62,6 +62,7 @@ from transformers import (
 from panm_hf import PanmConfig, PanmForCausalLM, PanmForSeq2SeqLM
 from panm_hf.cache_panm import BACKBONE_CACHE_KWARG
 from panm_hf.modeling_panm_qa import BertWithPanmForQuestionAnswering
+from panm_hf.pipelines.seq2seq import PANM_DESIGNS
 from research import build_model, make_batch, task_spec
 
 SEQ2SEQ = dict(vocab_size=8000, d_model=512, encoder_layers=3, decoder_layers=3, encoder_attention_heads=8,
@@ -161,9 +162,7 @@ PANM_EXAMPLE = dict(placement="stack", panm_drop_path=0.5, content_read="decoder
 # panm_hf/pipelines/seq2seq.py; run_table.py's `panm_one_design_ek`): the Controller in place of the last decoder
 # layer, no decoder positions, a window of 24, the content read keyed by the distance from the end, a 1,024-wide g^o
 # reading z_t (dropped for half the samples), dropout on PANM's output and the content read.
-PANM_ONE = dict(placement="replace", panm_drop_path=0.0, content_read="decoder", content_read_keys="end_distance",
-                decoder_positions="none", decoder_window=24, output_decoder_input=True, mlp_hidden_size=1024,
-                output_decoder_drop_path=0.5, panm_dropout=0.3, reads_dropout=0.0, content_read_dropout=0.3)
+PANM_ONE = PANM_DESIGNS["one"]
 DESIGNS = {"panm-example": PANM_EXAMPLE, "panm-one": PANM_ONE}
 
 
