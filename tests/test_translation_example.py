@@ -49,7 +49,7 @@ def test_smoke_run_writes_finite_perplexity_and_bleu(tmp_path):
     command = [
         sys.executable, str(SCRIPT), "--data_dir", str(DATA_DIR), "--output_dir", str(tmp_path), "--model", "both",
         "--smoke", "--max_pool_samples", "400", "--max_test_samples", "24", "--num_train_epochs", "1",
-        "--heldout_samples", "20", "--report_to", "none", "--disable_tqdm", "true",
+        "--heldout_samples", "20", "--report_to", "none", "--disable_tqdm", "true", "--weight_average_decay", "0.9",
     ]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     completed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
@@ -64,6 +64,11 @@ def test_smoke_run_writes_finite_perplexity_and_bleu(tmp_path):
         assert isinstance(result["test_bleu"], float) and 0.0 <= result["test_bleu"] <= 100.0
         assert len(result["epoch_perplexity"]) == 1
         assert result["best_epoch_perplexity"] == result["epoch_perplexity"][0]  # the paper's best-over-the-curve
+        # the moving average of the weights is scored beside them every epoch (--weight_average_decay)
+        average = result["average_epoch_perplexity"]
+        assert len(average) == 1 and result["best_average_epoch_perplexity"] == average[0]
+        assert math.isfinite(average[0]["test_perplexity"])
+        assert average[0]["test_perplexity"] != result["epoch_perplexity"][0]["test_perplexity"]
         # the held-out training-length pairs are scored every epoch and at the end, apart from the test split
         assert math.isfinite(result["heldout_perplexity"]) and result["heldout_perplexity"] > 1.0
         assert result["epoch_perplexity"][-1]["heldout_perplexity"] == result["heldout_perplexity"]

@@ -102,7 +102,7 @@ SMOKE_OVERRIDES = {
 
 
 def validate(model_args: ModelArguments, data_args: DataArguments) -> None:
-    validate_model_args(model_args)
+    validate_model_args(model_args, scores_weight_average=True)
     sources = [data_args.data_dir is not None, data_args.dataset_name is not None, bool(data_args.given_files())]
     if sum(sources) != 1:
         raise ValueError(
@@ -195,6 +195,7 @@ def run_one(name, model_args, panm_args, data_args, training_args, tokenizer, co
     trainer = model_trainer(
         name, model, tokenizer, training_args, data.train, eval_sets if data.eval is not None else None,
         generate=False, panm_weight_decay=model_args.panm_weight_decay,
+        weight_average_decay=model_args.weight_average_decay,
     )  # fmt: skip
     result = {"num_parameters": sum(p.numel() for p in model.parameters())}
     if training_args.do_train:
@@ -202,6 +203,10 @@ def run_one(name, model_args, panm_args, data_args, training_args, tokenizer, co
                             data_args.dataset_name))  # fmt: skip
     result["epoch_perplexity"] = epoch_curve(trainer.state.log_history, test_key, data.heldout is not None)
     result["best_epoch_perplexity"] = best_epoch(result["epoch_perplexity"])
+    if model_args.weight_average_decay is not None:  # the moving average's curve (weight_average.py)
+        average_key = test_key.removesuffix("_loss") + "_average_loss"  # eval_average_loss, eval_test_average_loss
+        result["average_epoch_perplexity"] = epoch_curve(trainer.state.log_history, average_key, False)
+        result["best_average_epoch_perplexity"] = best_epoch(result["average_epoch_perplexity"])
     if training_args.do_eval:
         result.update(evaluate_perplexity(trainer, data, test_key))
     if training_args.do_predict:

@@ -34,6 +34,7 @@ from panm_hf.decoder_positions import DECODER_POSITIONS, DEFAULTS, record, recor
 from panm_hf.decoder_positions import apply as apply_decoder_positions
 from panm_hf.pipelines.controls import apply_control, validate_control
 from panm_hf.pipelines.script_conventions import gather_from_ranks, load_pretrained
+from panm_hf.pipelines.weight_average import WeightAverageCallback, validate_weight_average_decay
 
 MODELS = ("transformer", "panm")
 BACKBONES = ("marian", "bart", "t5")
@@ -161,6 +162,14 @@ class ModelArguments:
             "--weight_decay. Default: --weight_decay for every weight, as Trainer does."
         },
     )
+    weight_average_decay: float | None = field(
+        default=None,
+        metadata={
+            "help": "Also evaluate an exponential moving average of the trainable weights, with this decay "
+            "(e.g. 0.998: about the last 500 steps; panm_hf/pipelines/weight_average.py); its metrics are logged "
+            "as eval_average_*. Training and the saved model use the weights themselves. Default: no average."
+        },
+    )
     control: str | None = field(
         default=None,
         metadata={
@@ -206,8 +215,12 @@ def apply_smoke(smoke_overrides: dict, *parsed_args) -> None:
                 setattr(args, name, value)
 
 
-def validate_model_args(model_args: ModelArguments) -> None:
-    """Check the model flags; ValueError naming the flag."""
+def validate_model_args(model_args: ModelArguments, *, scores_weight_average: bool = False) -> None:
+    """Check the model flags; ValueError naming the flag.
+
+    `scores_weight_average`: the script reports the moving average's scores (translation's perplexity); the
+    others score generated outputs outside `Trainer.evaluate`, so they refuse `--weight_average_decay`.
+    """
     if model_args.model not in (*MODELS, "both"):
         raise ValueError(f"--model must be one of {(*MODELS, 'both')} (got {model_args.model!r}).")
     if model_args.backbone not in BACKBONES:
@@ -224,6 +237,12 @@ def validate_model_args(model_args: ModelArguments) -> None:
         raise ValueError(
             f"--panm_weight_decay must be >= 0 (got {model_args.panm_weight_decay}); omit it to use "
             "--weight_decay for PANM's weights too."
+        )
+    validate_weight_average_decay(model_args.weight_average_decay)
+    if model_args.weight_average_decay is not None and not scores_weight_average:
+        raise ValueError(
+            "--weight_average_decay is scored by the translation example only (its perplexity); this example "
+            "scores generated outputs from the weights themselves. Omit the flag."
         )
     if model_args.panm_design is not None and model_args.panm_design not in PANM_DESIGNS:
         raise ValueError(f"--panm_design must be one of {tuple(PANM_DESIGNS)} (got {model_args.panm_design!r}).")
@@ -360,16 +379,36 @@ def gather_checksums(model: torch.nn.Module) -> list[list[float]]:
 
 
 class PanmSeq2SeqTrainer(Seq2SeqTrainer):
-    """`Seq2SeqTrainer` whose optimizer decays PANM's weights at their own rate (`--panm_weight_decay`).
+    """`Seq2SeqTrainer` whose optimizer decays PANM's weights at their own rate (`--panm_weight_decay`), and
+    which evaluates a moving average of the weights beside them (`--weight_average_decay`).
 
     Trainer's grouping is kept (biases and norms never decay; the backbone's weights decay at
     `args.weight_decay`); only the weights under `panm.` get `panm_weight_decay`. With `None` it is
-    Trainer's optimizer exactly.
+    Trainer's optimizer exactly. With `weight_average_decay` every evaluation also runs on the average
+    (`weight_average.py`), its metrics named `<prefix>_average_<metric>`; training and the saved model
+    use the weights themselves.
     """
 
-    def __init__(self, *args, panm_weight_decay: float | None = None, **kwargs):
+    def __init__(self, *args, panm_weight_decay: float | None = None, weight_average_decay: float | None = None,
+                 **kwargs):  # fmt: skip
         super().__init__(*args, **kwargs)
         self.panm_weight_decay = panm_weight_decay
+        self.weight_average_callback = None
+        if weight_average_decay is not None:
+            self.weight_average_callback = WeightAverageCallback(weight_average_decay)
+            self.add_callback(self.weight_average_callback)
+
+    def evaluation_loop(self, dataloader, description, prediction_loss_only=None, ignore_keys=None,
+                        metric_key_prefix="eval"):  # fmt: skip
+        output = super().evaluation_loop(dataloader, description, prediction_loss_only, ignore_keys, metric_key_prefix)
+        average = None if self.weight_average_callback is None else self.weight_average_callback.weight_average
+        if average is None:  # no averaging, or no training step yet
+            return output
+        with average.swapped_in(self.model):
+            averaged = super().evaluation_loop(dataloader, description, prediction_loss_only, ignore_keys,
+                                               f"{metric_key_prefix}_average")  # fmt: skip
+        output.metrics.update(averaged.metrics)
+        return output
 
     def create_optimizer(self, model=None):
         opt_model = self.model if model is None else model
@@ -403,7 +442,7 @@ class PanmSeq2SeqTrainer(Seq2SeqTrainer):
 
 def model_trainer(
     name, model, tokenizer, training_args, train_dataset, eval_dataset=None, *, generate: bool,
-    panm_weight_decay: float | None = None,
+    panm_weight_decay: float | None = None, weight_average_decay: float | None = None,
 ):  # fmt: skip
     """The examples' `Seq2SeqTrainer` for one model: output in `<output_dir>/<name>`, labels padded with -100.
 
@@ -421,4 +460,5 @@ def model_trainer(
         data_collator=DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100),
         processing_class=tokenizer,
         panm_weight_decay=panm_weight_decay,
+        weight_average_decay=weight_average_decay,
     )
