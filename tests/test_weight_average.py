@@ -98,3 +98,5 @@ def test_trainer_evaluates_the_average_beside_the_weights_and_trains_the_weights
         by_hand = trainer_of(model).evaluate()["eval_test_loss"]
     assert metrics["eval_test_average_loss"] == by_hand != metrics["eval_test_loss"]
     assert "eval_test_average_loss" not in plain.evaluate()
+    # predict (BLEU's generation in the translation example) runs on the weights alone
+    assert set(trainer.predict(evaluation).metrics) == set(plain.predict(evaluation).metrics)

@@ -384,9 +384,9 @@ class PanmSeq2SeqTrainer(Seq2SeqTrainer):
 
     Trainer's grouping is kept (biases and norms never decay; the backbone's weights decay at
     `args.weight_decay`); only the weights under `panm.` get `panm_weight_decay`. With `None` it is
-    Trainer's optimizer exactly. With `weight_average_decay` every evaluation also runs on the average
-    (`weight_average.py`), its metrics named `<prefix>_average_<metric>`; training and the saved model
-    use the weights themselves.
+    Trainer's optimizer exactly. With `weight_average_decay` every evaluation (not `predict`) also runs on
+    the average (`weight_average.py`), its metrics named `<prefix>_average_<metric>`; training, `predict`
+    and the saved model use the weights themselves.
     """
 
     def __init__(self, *args, panm_weight_decay: float | None = None, weight_average_decay: float | None = None,
@@ -402,7 +402,7 @@ class PanmSeq2SeqTrainer(Seq2SeqTrainer):
                         metric_key_prefix="eval"):  # fmt: skip
         output = super().evaluation_loop(dataloader, description, prediction_loss_only, ignore_keys, metric_key_prefix)
         average = None if self.weight_average_callback is None else self.weight_average_callback.weight_average
-        if average is None:  # no averaging, or no training step yet
+        if average is None or description != "Evaluation":  # no average yet, or `predict` (the weights only)
             return output
         with average.swapped_in(self.model):
             averaged = super().evaluation_loop(dataloader, description, prediction_loss_only, ignore_keys,
