@@ -359,7 +359,7 @@ def test_smoke_run_scores_both_models_with_the_eos_diagnosis(tmp_path):
     command = [
         sys.executable, str(SCRIPT), "--data_dir", str(DATA_DIR), "--cutoff", "26", "--output_dir", str(tmp_path),
         "--model", "both", "--smoke", "--decoder_positions", "none", "--eval_every", "3", "--curve_samples", "4",
-        "--report_to", "none", "--disable_tqdm", "true", "--save_strategy", "no",
+        "--report_to", "none", "--disable_tqdm", "true", "--save_strategy", "no", "--weight_average_decay", "0.5",
     ]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
@@ -373,6 +373,17 @@ def test_smoke_run_scores_both_models_with_the_eos_diagnosis(tmp_path):
         assert sum(run["test"]["eos_diagnosis"].values()) == pytest.approx(100.0)
         assert min(int(length) for length in run["test"]["per_length"]) > 26
         assert (tmp_path / name / "config.json").is_file()
+        # --weight_average_decay: the curve and the final scores of the moving average, beside the weights'
+        assert all({"test_average_exact_match", "heldout_average_eos"} <= set(point) for point in run["curve"])
+        average = run["average"]
+        assert (
+            set(average) == {"test", "heldout"}
+            and average["test"]["per_length"].keys() == run["test"]["per_length"].keys()
+        )
+        assert sum(average["test"]["eos_diagnosis"].values()) == pytest.approx(100.0)
+        assert "eval_average_test_exact_match" in json.loads(
+            (tmp_path / name / "eval_average_results.json").read_text()
+        )
 
 
 @pytest.mark.smoke

@@ -64,7 +64,7 @@ def test_a_decay_outside_zero_one_is_refused_naming_the_flag(decay):
 
 def test_only_a_script_that_scores_the_average_takes_the_flag():
     validate_model_args(ModelArguments(weight_average_decay=0.99), scores_weight_average=True)
-    with pytest.raises(ValueError, match="--weight_average_decay is scored by the translation example only"):
+    with pytest.raises(ValueError, match="--weight_average_decay is scored by the translation and SCAN examples only"):
         validate_model_args(ModelArguments(weight_average_decay=0.99))
 
 
@@ -98,5 +98,13 @@ def test_trainer_evaluates_the_average_beside_the_weights_and_trains_the_weights
         by_hand = trainer_of(model).evaluate()["eval_test_loss"]
     assert metrics["eval_test_average_loss"] == by_hand != metrics["eval_test_loss"]
     assert "eval_test_average_loss" not in plain.evaluate()
+    # a script's own scoring of the average: within the block evaluate scores what the model holds, once
+    with trainer.weight_average_swapped_in() as averaged:
+        assert averaged is model
+        inside = trainer.evaluate()
+    assert inside["eval_test_loss"] == by_hand and "eval_test_average_loss" not in inside
+    assert trainer.evaluate()["eval_test_loss"] == metrics["eval_test_loss"]  # the weights are back
+    with pytest.raises(ValueError, match="--weight_average_decay"), plain.weight_average_swapped_in():
+        pass
     # predict (BLEU's generation in the translation example) runs on the weights alone
     assert set(trainer.predict(evaluation).metrics) == set(plain.predict(evaluation).metrics)

@@ -130,21 +130,30 @@ def greedy_actions(model, split: ScanSplit, tokenizer, batch_size: int, max_new_
 
 
 class CurveCallback(TrainerCallback):
-    """Every `every` steps, greedy exact match on fixed samples of the test and i.i.d. sets."""
+    """Every `every` steps, greedy exact match on fixed samples of the test and i.i.d. sets; with `trainer`'s
+    weight average (`--weight_average_decay`), the average's too (`<set>_average_exact_match`)."""
 
-    def __init__(self, sets: dict[str, ScanSplit], tokenizer, every: int, batch_size: int, max_new_tokens: int):
+    def __init__(self, sets: dict[str, ScanSplit], tokenizer, every: int, batch_size: int, max_new_tokens: int,
+                 trainer=None):  # fmt: skip
         self.sets, self.tokenizer, self.every = sets, tokenizer, every
         self.batch_size, self.max_new_tokens = batch_size, max_new_tokens
+        self.trainer = trainer
         self.curve: list[dict] = []
+
+    def score_into(self, point: dict, model, suffix: str = "") -> None:
+        for name, split in self.sets.items():
+            predictions = greedy_actions(model, split, self.tokenizer, self.batch_size, self.max_new_tokens)
+            scored = score(predictions, split)
+            point[f"{name}{suffix}_exact_match"] = scored["exact_match"]
+            point[f"{name}{suffix}_eos"] = scored["eos_diagnosis"]
 
     def on_step_end(self, args, state, control, model=None, **kwargs):
         if self.every and state.global_step % self.every == 0 and state.is_world_process_zero:
             point = {"step": state.global_step}
-            for name, split in self.sets.items():
-                predictions = greedy_actions(model, split, self.tokenizer, self.batch_size, self.max_new_tokens)
-                scored = score(predictions, split)
-                point[f"{name}_exact_match"] = scored["exact_match"]
-                point[f"{name}_eos"] = scored["eos_diagnosis"]
+            self.score_into(point, model)
+            if self.trainer is not None and self.trainer.weight_average is not None:
+                with self.trainer.weight_average_swapped_in() as averaged:
+                    self.score_into(point, averaged, "_average")
             self.curve.append(point)
             print(json.dumps(point), flush=True)
 
@@ -173,12 +182,13 @@ def run_one(name, model_args, panm_args, data_args, training_args, tokenizer, co
     model = build_model(name, model_args, panm_args, config)  # with its --decoder_positions
     batch_size = training_args.per_device_eval_batch_size
     curve_sets = {key: split.subset(data_args.curve_samples, training_args.seed) for key, split in sets["eval"].items()}
-    callback = CurveCallback(curve_sets, tokenizer, data_args.eval_every, batch_size, data_args.max_new_tokens)
     trainer = model_trainer(
         name, model, tokenizer, training_args, datasets["train"], generate=False,
-        panm_weight_decay=model_args.panm_weight_decay,
+        panm_weight_decay=model_args.panm_weight_decay, weight_average_decay=model_args.weight_average_decay,
     )  # fmt: skip
-    trainer.add_callback(callback)
+    callback = CurveCallback(curve_sets, tokenizer, data_args.eval_every, batch_size, data_args.max_new_tokens,
+                             trainer)  # fmt: skip
+    trainer.add_callback(callback)  # after the weight average's callback: a point sees the step's average
     result = {"num_parameters": sum(p.numel() for p in model.parameters())}
     if training_args.do_train:
         result.update(train(trainer, data_args, len(datasets["train"]), data_args.train_file or data_args.data_dir))
@@ -188,6 +198,15 @@ def run_one(name, model_args, panm_args, data_args, training_args, tokenizer, co
         result.update(score_sets(trainer, sets["eval"], "eval", tokenizer, batch_size, data_args.max_new_tokens))
     if training_args.do_predict:
         result.update(score_sets(trainer, sets["test"], "predict", tokenizer, batch_size, data_args.max_new_tokens))
+    if trainer.weight_average is not None:  # --weight_average_decay: the same scoring on the average
+        with trainer.weight_average_swapped_in():
+            result["average"] = {}
+            if training_args.do_eval:
+                result["average"].update(score_sets(trainer, sets["eval"], "eval_average", tokenizer, batch_size,
+                                                    data_args.max_new_tokens))  # fmt: skip
+            if training_args.do_predict:
+                result["average"].update(score_sets(trainer, sets["test"], "predict_average", tokenizer,
+                                                    batch_size, data_args.max_new_tokens))  # fmt: skip
     result["generate_seconds"] = round(time.time() - start, 1)
     return result
 
@@ -208,7 +227,7 @@ def load_sets(data_args: DataArguments, seed: int) -> dict:
 
 
 def validate(model_args: ModelArguments, data_args: DataArguments, training_args) -> None:
-    validate_model_args(model_args)
+    validate_model_args(model_args, scores_weight_average=True)
     check_run(data_args, training_args, model_args.model)
     if not 0.0 < data_args.heldout_fraction < 1.0:
         raise ValueError(f"--heldout_fraction must be in (0, 1) (got {data_args.heldout_fraction}).")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import os
 from collections import defaultdict
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -167,7 +168,8 @@ class ModelArguments:
         metadata={
             "help": "Also evaluate an exponential moving average of the trainable weights, with this decay "
             "(e.g. 0.998: about the last 500 steps; panm_hf/pipelines/weight_average.py); its metrics are logged "
-            "as eval_average_*. Training and the saved model use the weights themselves. Default: no average."
+            "as eval_average_* (translation, SCAN). Training and the saved model use the weights themselves. "
+            "Default: no average."
         },
     )
     control: str | None = field(
@@ -218,8 +220,9 @@ def apply_smoke(smoke_overrides: dict, *parsed_args) -> None:
 def validate_model_args(model_args: ModelArguments, *, scores_weight_average: bool = False) -> None:
     """Check the model flags; ValueError naming the flag.
 
-    `scores_weight_average`: the script reports the moving average's scores (translation's perplexity); the
-    others score generated outputs outside `Trainer.evaluate`, so they refuse `--weight_average_decay`.
+    `scores_weight_average`: the script reports the moving average's scores (translation's perplexity, SCAN's
+    exact match); math and bAbI score generated answers from the weights alone, so they refuse
+    `--weight_average_decay`.
     """
     if model_args.model not in (*MODELS, "both"):
         raise ValueError(f"--model must be one of {(*MODELS, 'both')} (got {model_args.model!r}).")
@@ -241,8 +244,8 @@ def validate_model_args(model_args: ModelArguments, *, scores_weight_average: bo
     validate_weight_average_decay(model_args.weight_average_decay)
     if model_args.weight_average_decay is not None and not scores_weight_average:
         raise ValueError(
-            "--weight_average_decay is scored by the translation example only (its perplexity); this example "
-            "scores generated outputs from the weights themselves. Omit the flag."
+            "--weight_average_decay is scored by the translation and SCAN examples only; this example scores "
+            "generated answers from the weights themselves. Omit the flag."
         )
     if model_args.panm_design is not None and model_args.panm_design not in PANM_DESIGNS:
         raise ValueError(f"--panm_design must be one of {tuple(PANM_DESIGNS)} (got {model_args.panm_design!r}).")
@@ -394,17 +397,36 @@ class PanmSeq2SeqTrainer(Seq2SeqTrainer):
         super().__init__(*args, **kwargs)
         self.panm_weight_decay = panm_weight_decay
         self.weight_average_callback = None
+        self._scoring_average = False  # within `weight_average_swapped_in`: evaluate once, on what the model holds
         if weight_average_decay is not None:
             self.weight_average_callback = WeightAverageCallback(weight_average_decay)
             self.add_callback(self.weight_average_callback)
 
+    @property
+    def weight_average(self):
+        """The moving average of the weights (`WeightAverage`), or None: no `weight_average_decay`, no step yet."""
+        return None if self.weight_average_callback is None else self.weight_average_callback.weight_average
+
+    @contextmanager
+    def weight_average_swapped_in(self):
+        """Within the block the model holds the average and `evaluate` scores it once (a script's own scoring,
+        e.g. SCAN's greedy exact match, runs on it too); the weights come back after."""
+        if self.weight_average is None:
+            raise ValueError("No weight average to score: pass --weight_average_decay and train first.")
+        self._scoring_average = True
+        try:
+            with self.weight_average.swapped_in(self.model):
+                yield self.model
+        finally:
+            self._scoring_average = False
+
     def evaluation_loop(self, dataloader, description, prediction_loss_only=None, ignore_keys=None,
                         metric_key_prefix="eval"):  # fmt: skip
         output = super().evaluation_loop(dataloader, description, prediction_loss_only, ignore_keys, metric_key_prefix)
-        average = None if self.weight_average_callback is None else self.weight_average_callback.weight_average
-        if average is None or description != "Evaluation":  # no average yet, or `predict` (the weights only)
+        # no average yet, `predict` (the weights only), or the average already swapped in
+        if self.weight_average is None or description != "Evaluation" or self._scoring_average:
             return output
-        with average.swapped_in(self.model):
+        with self.weight_average.swapped_in(self.model):
             averaged = super().evaluation_loop(dataloader, description, prediction_loss_only, ignore_keys,
                                                f"{metric_key_prefix}_average")  # fmt: skip
         output.metrics.update(averaged.metrics)
