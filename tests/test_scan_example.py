@@ -14,6 +14,7 @@ import pytest
 import run_scan
 import run_table
 import torch
+from transformers import AutoModelForSeq2SeqLM
 
 from panm_hf import decoder_positions
 from panm_hf.decoder_positions import ALIBI_ATTENTION, randomise_decoder_positions, remove_decoder_positions
@@ -384,6 +385,13 @@ def test_smoke_run_scores_both_models_with_the_eos_diagnosis(tmp_path):
         assert "eval_average_test_exact_match" in json.loads(
             (tmp_path / name / "eval_average_results.json").read_text()
         )
+        # the averaged model is saved beside the model and loads as it does; frozen weights are not averaged
+        averaged = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / name / "weight_average")
+        trained = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / name)
+        assert type(averaged) is type(trained)
+        pairs = zip(averaged.named_parameters(), trained.named_parameters(), strict=True)
+        differ = [n for (n, p), (_, q) in pairs if not torch.equal(p, q)]
+        assert differ and not any("decoder.embed_positions" in n for n in differ)  # zeroed and frozen
 
 
 @pytest.mark.smoke

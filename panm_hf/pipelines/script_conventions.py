@@ -29,6 +29,7 @@ DO_FLAGS = ("do_train", "do_eval", "do_predict")
 FILE_EXTENSIONS = (".json", ".jsonl", ".csv")
 # the examples keep no checkpoints unless --save_strategy asks for them (their budgets are short)
 TRAINING_DEFAULTS = {"save_strategy": "no", "eval_strategy": "no"}
+WEIGHT_AVERAGE_DIR = "weight_average"  # the averaged model's folder inside a model's output folder
 
 
 @dataclass
@@ -235,10 +236,14 @@ def log_and_save(trainer: Seq2SeqTrainer, split: str, metrics: dict) -> None:
 
 
 def train(trainer: Seq2SeqTrainer, script_args: ScriptArguments, num_samples: int, dataset: str) -> dict:
-    """Train (resuming where asked or found), save the model, its metrics, state and model card."""
+    """Train (resuming where asked or found), save the model, its metrics, state and model card; with a weight
+    average (`--weight_average_decay`), save the averaged model too, in `<output_dir>/weight_average`."""
     checkpoint = checkpoint_to_resume(trainer.args, script_args)
     output = trainer.train(resume_from_checkpoint=checkpoint)
     trainer.save_model()  # with the tokenizer (processing_class)
+    if getattr(trainer, "weight_average", None) is not None:  # loads with from_pretrained like the model
+        with trainer.weight_average_swapped_in():
+            trainer.save_model(os.path.join(trainer.args.output_dir, WEIGHT_AVERAGE_DIR))
     log_and_save(trainer, "train", {**output.metrics, "train_samples": num_samples})
     trainer.save_state()
     write_model_card(trainer, script_args.model_name_or_path, dataset)

@@ -168,8 +168,8 @@ class ModelArguments:
         metadata={
             "help": "Also evaluate an exponential moving average of the trainable weights, with this decay "
             "(e.g. 0.998: about the last 500 steps; panm_hf/pipelines/weight_average.py); its metrics are logged "
-            "as eval_average_* (translation, SCAN). Training and the saved model use the weights themselves. "
-            "Default: no average."
+            "as eval_average_* (translation, SCAN). Training uses the weights themselves; the averaged model is "
+            "saved beside the model, in <model folder>/weight_average. Default: no average."
         },
     )
     control: str | None = field(
@@ -389,7 +389,7 @@ class PanmSeq2SeqTrainer(Seq2SeqTrainer):
     `args.weight_decay`); only the weights under `panm.` get `panm_weight_decay`. With `None` it is
     Trainer's optimizer exactly. With `weight_average_decay` every evaluation (not `predict`) also runs on
     the average (`weight_average.py`), its metrics named `<prefix>_average_<metric>`; training, `predict`
-    and the saved model use the weights themselves.
+    and `save_model` use the weights themselves (the examples' `train` saves the average beside them).
     """
 
     def __init__(self, *args, panm_weight_decay: float | None = None, weight_average_decay: float | None = None,
