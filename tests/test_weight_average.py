@@ -69,9 +69,12 @@ def test_only_a_script_that_scores_the_average_takes_the_flag():
 
 
 def test_trainer_evaluates_the_average_beside_the_weights_and_trains_the_weights(tmp_path):
+    # evaluations between steps (a DataLoader iterator draws from the random stream dropout uses): the average's
+    # pass must leave training as it would be without it
     args = Seq2SeqTrainingArguments(
         output_dir=str(tmp_path), per_device_train_batch_size=16, per_device_eval_batch_size=8, learning_rate=3e-3,
         num_train_epochs=1, save_strategy="no", report_to=[], use_cpu=True, seed=0, data_seed=0,
+        eval_strategy="steps", eval_steps=1,
     )  # fmt: skip
     train, evaluation = copy_task(64, seed=0), copy_task(16, seed=1)
 

@@ -402,6 +402,10 @@ class PanmSeq2SeqTrainer(Seq2SeqTrainer):
             self.weight_average_callback = WeightAverageCallback(weight_average_decay)
             self.add_callback(self.weight_average_callback)
 
+    def _rng_devices(self) -> list:
+        """The CUDA devices whose random state `fork_rng` saves (none on CPU)."""
+        return list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
+
     @property
     def weight_average(self):
         """The moving average of the weights (`WeightAverage`), or None: no `weight_average_decay`, no step yet."""
@@ -426,7 +430,8 @@ class PanmSeq2SeqTrainer(Seq2SeqTrainer):
         # no average yet, `predict` (the weights only), or the average already swapped in
         if self.weight_average is None or description != "Evaluation" or self._scoring_average:
             return output
-        with self.weight_average.swapped_in(self.model):
+        # the pass must not move the random streams training draws from (each DataLoader iterator draws a seed)
+        with torch.random.fork_rng(devices=self._rng_devices()), self.weight_average.swapped_in(self.model):
             averaged = super().evaluation_loop(dataloader, description, prediction_loss_only, ignore_keys,
                                                f"{metric_key_prefix}_average")  # fmt: skip
         output.metrics.update(averaged.metrics)
