@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from panm_hf.kernels.dispatch import Call, decide, fused_op, require
+from panm_hf.kernels.linear_rows import linear, linear_rows, mlp
 
 from .memory_config import PanmMemoryConfig, content_read_dropout_rate
 from .reads import ControllerContentReader
@@ -95,12 +96,12 @@ class Controller(nn.Module):
         call = Call(self.recurrence_kernel, memory_states.device, memory_states.dtype)
         if (pool := fused_op("controller_pool", call)) is not None:  # the masked sum/mean in one kernel each way
             pooled = pool(memory_states, attention_mask, self.init == "mean")
-            return self.initial_state(pooled)
+            return linear(self.initial_state, pooled)  # (batch, hidden)
         mask = attention_mask.unsqueeze(-1).to(memory_states.dtype)  # (batch, slots, 1)
         pooled = (memory_states * mask).sum(dim=1)  # (batch, dim)
         if self.init == "mean":
             pooled = pooled / mask.sum(dim=1).clamp(min=1.0)
-        return self.initial_state(pooled)
+        return linear(self.initial_state, pooled)  # (batch, hidden)
 
     def _kernel_call(self, inputs: torch.Tensor, hidden: torch.Tensor) -> Call:
         """The GRU call as `panm_hf.kernels.dispatch` sees it."""
@@ -138,7 +139,7 @@ class Controller(nn.Module):
             dropped = drop_samples(decoder_rows.reshape(batch, steps, -1), self.decoder_drop_path)  # (b, steps, in)
             decoder_rows = dropped.reshape(batch * steps, -1)  # (batch*steps, decoder_input)
         rows = torch.cat([*parts, decoder_rows] if self.output_reads_decoder else parts, dim=-1)  # (b*steps, in)
-        outputs = self.output_mlp(rows).reshape(batch, steps, -1)  # (batch, steps, out)
+        outputs = mlp(self.output_mlp, rows).reshape(batch, steps, -1)  # (batch, steps, out)
         if not self.undecoded_output:
             return outputs, None
         # the first layer again on the other columns (a view of `rows`, no copy): splitting the full output's
@@ -173,7 +174,7 @@ class Controller(nn.Module):
         kernel = require("controller_gru", self._kernel_call(inputs, hidden), "the Controller GRU here").kernel
         if kernel in ("c", "triton"):  # all steps in one kernel (the C one, or its Triton port)
             gru = self.gru
-            input_gates = nn.functional.linear(inputs, gru.weight_ih_l0, gru.bias_ih_l0)  # (batch*steps, 3*hidden)
+            input_gates = linear_rows(inputs, gru.weight_ih_l0, gru.bias_ih_l0)  # (batch*steps, 3*hidden)
             input_gates = input_gates.reshape(batch, steps, -1)  # (batch, steps, 3*hidden)
             op = torch.ops.panm_hf.gru_recurrence_triton if kernel == "triton" else torch.ops.panm_hf.gru_recurrence
             states, last, _ = op(input_gates, hidden, gru.weight_hh_l0, gru.bias_hh_l0)

@@ -14,6 +14,8 @@ from dataclasses import dataclass, replace
 import torch
 from torch import nn
 
+from panm_hf.kernels.dispatch import Call, decide
+
 from .addressing import address_codes, check_capacity, sample_base_address, sample_distractor_addresses
 from .controller import Controller, drop_samples
 from .memo import traced_cache
@@ -119,6 +121,7 @@ class PanmMemory(nn.Module):
                 "input (decoder_input_size=0, as in the QA head); set output_decoder_input=False."
             )
         self.address_distractors = config.address_distractors
+        self.recurrence_kernel = config.recurrence_kernel  # the address glue's path (`dispatch.ADDRESSING`)
         self.memory_dim = memory_dim
         self.decoder_input_size = decoder_input_size
         self.address_bits = config.address_bits
@@ -208,21 +211,7 @@ class PanmMemory(nn.Module):
                     f"got {base_address.dtype} {tuple(base_address.shape)}."
                 )
             base_address = base_address.long() % self.max_slots
-        # (batch, slots) long: rank among real slots; a padding slot takes the rank of the real slot before it
-        # (0 before the first), so every address stays below 2^b; padding is masked wherever addresses are read.
-        positions = (mask.cumsum(dim=-1) - 1).clamp(min=0)
-        addresses = (base_address.unsqueeze(-1) + positions) % self.max_slots  # (batch, slots)
-        lengths = mask.sum(dim=-1)
-        address_mask = None
-        if self.training and self.address_distractors > 0:
-            distractors = sample_distractor_addresses(
-                base_address, lengths, num_slots, self.address_distractors, self.address_bits, generator=generator
-            )  # (batch, distractors) or None when no address is left over
-            if distractors is not None:
-                addresses = torch.cat([addresses, distractors], dim=-1)  # (batch, slots + distractors)
-                address_mask = torch.cat([mask, torch.ones_like(distractors, dtype=torch.bool)], dim=-1)
-        param_dtype = self.controller.initial_state.weight.dtype
-        address_bank = address_codes(addresses, self.address_bits, param_dtype)  # (batch, bank, bits)
+        mask, address_bank, lengths, address_mask = self._address_bank(mask, base_address, generator)
         return AddressedMemory(
             memory_states=memory_states,
             attention_mask=mask,
@@ -234,6 +223,35 @@ class PanmMemory(nn.Module):
             content_keys=None if self.content_reader is None else self.content_reader.keys(memory_states, mask),
         )
 
+    def _address_bank(
+        self, mask: torch.Tensor, base_address: torch.Tensor, generator: torch.Generator | None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """`(mask, address bank (batch, bank, bits), lengths (batch,), address mask or None)` for `bind`."""
+        num_slots, device = mask.shape[1], mask.device
+        param_dtype = self.controller.initial_state.weight.dtype
+        distractors = self.training and self.address_distractors > 0
+        address_mask = None
+        path = decide("address_bank", Call(self.recurrence_kernel, device, param_dtype, per_step=distractors)).kernel
+        if path == "triton":  # the eager block below in one launch (the CUDA path)
+            mask = mask.contiguous()
+            address_bank, lengths = torch.ops.panm_hf.address_bank_triton(mask, base_address.contiguous(),
+                                                                          self.address_bits, param_dtype)  # fmt: skip
+        else:
+            # (batch, slots) long: rank among real slots; a padding slot takes the rank of the real slot before it
+            # (0 before the first), so every address stays below 2^b; padding is masked wherever addresses are read.
+            positions = (mask.cumsum(dim=-1) - 1).clamp(min=0)
+            addresses = (base_address.unsqueeze(-1) + positions) % self.max_slots  # (batch, slots)
+            lengths = mask.sum(dim=-1)
+            if distractors:
+                drawn = sample_distractor_addresses(
+                    base_address, lengths, num_slots, self.address_distractors, self.address_bits, generator=generator
+                )  # (batch, distractors) or None when no address is left over
+                if drawn is not None:
+                    addresses = torch.cat([addresses, drawn], dim=-1)  # (batch, slots + distractors)
+                    address_mask = torch.cat([mask, torch.ones_like(drawn, dtype=torch.bool)], dim=-1)
+            address_bank = address_codes(addresses, self.address_bits, param_dtype)  # (batch, bank, bits)
+        return mask, address_bank, lengths, address_mask
+
     def initial_state(self, memory: AddressedMemory, *, causal: bool = False) -> PanmState:
         """State before the first decoding step: `h^a_0 = 0`, `p^a_0` at base/end(/middle), `h^c_0` from `M`.
 
@@ -241,10 +259,22 @@ class PanmMemory(nn.Module):
         visible before the first step, so every pointer starts at `p_B` and `h^c_0` is computed from
         that slot alone; the end pointer then follows the newest slot (see `forward`).
         """
-        lengths = memory.lengths.clamp(max=1) if causal else memory.lengths
-        offsets = initial_pointer_offsets(lengths, self.num_pointer_units)  # (batch, units)
-        addresses = (memory.base_address.unsqueeze(-1) + offsets) % self.max_slots  # (batch, units)
-        pointers = address_codes(addresses, self.address_bits, memory.address_bank.dtype)  # (batch, units, bits)
+        dtype, device = memory.address_bank.dtype, memory.address_bank.device
+        eager = causal or memory.address_mask is not None  # the first slot alone, or distractors in the bank
+        if decide("start_pointers", Call(self.recurrence_kernel, device, dtype, per_step=eager)).kernel == "triton":
+            # the eager lines below in one launch (the CUDA path)
+            numerators = _offset_numerators(self.num_pointer_units, device)  # (units,) 2 n
+            pointers, pointer_weights = torch.ops.panm_hf.start_pointers_triton(
+                memory.attention_mask, memory.base_address, memory.lengths, numerators, self.address_bits, dtype
+            )  # (batch, units, bits), (batch, units, slots)
+        else:
+            lengths = memory.lengths.clamp(max=1) if causal else memory.lengths
+            offsets = initial_pointer_offsets(lengths, self.num_pointer_units)  # (batch, units)
+            addresses = (memory.base_address.unsqueeze(-1) + offsets) % self.max_slots  # (batch, units)
+            pointers = address_codes(addresses, self.address_bits, dtype)  # (batch, units, bits)
+            # One-hot at the slot holding each start address (whatever the padding side).
+            matches = (memory.address_bank.unsqueeze(1) == pointers.unsqueeze(2)).all(dim=-1)  # (batch, units, bank)
+            pointer_weights = (matches & memory.pointer_mask.unsqueeze(1)).to(dtype)  # (batch, units, bank)
         pointer_hidden = memory.address_keys.new_zeros(
             memory.address_keys.shape[0], self.num_pointer_units, self.pointer_units.hidden_size
         )
@@ -252,9 +282,6 @@ class PanmMemory(nn.Module):
         if causal:  # the first real slot only
             init_mask = init_mask & (init_mask.long().cumsum(dim=-1) == 1)  # (batch, slots)
         controller_hidden = self.controller.initial_hidden(memory.memory_states, init_mask)
-        # One-hot at the slot holding each start address (whatever the padding side).
-        matches = (memory.address_bank.unsqueeze(1) == pointers.unsqueeze(2)).all(dim=-1)  # (batch, units, bank)
-        pointer_weights = (matches & memory.pointer_mask.unsqueeze(1)).to(pointers.dtype)  # (batch, units, bank)
         return PanmState(
             pointer_hidden=pointer_hidden,
             pointers=pointers,

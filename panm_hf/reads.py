@@ -14,6 +14,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from panm_hf.kernels.linear_rows import mlp
+
 from .addressing import address_codes
 from .attention import AttentionScorer, masked_softmax
 from .memory_config import PanmMemoryConfig
@@ -63,7 +65,7 @@ class Mode2Reader(nn.Module):
             the attention of step `t`, head `h` at row `t*heads + h`.
         """
         batch, heads = memory_states.shape[0], self.num_heads
-        queries = self.query_mlp(mode1_values)  # (batch*steps, heads*dim)
+        queries = mlp(self.query_mlp, mode1_values)  # (batch*steps, heads*dim)
         queries = queries.reshape(batch, -1, memory_states.shape[-1])  # (batch, steps*heads, dim)
         read = self.scorer.fused(queries, "mode2_read", per_step=attention_mask.dim() != 2, memory=memory_states)
         if read is not None:  # one kernel (C on CPU, Triton on the CUDA path)

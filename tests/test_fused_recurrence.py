@@ -310,6 +310,11 @@ for scoring in ("cosine", "dot"):
                  *ref[3:])
         ref_b, tri_b = torch.ops.panm_hf.pointer_recurrence_backward(*bargs), pointer_backward_triton(*bargs)
         pairs = list(zip(ref, tri)) + list(zip(ref_b, tri_b))
+        for absent in range(3):  # an output the loss does not use: no gradient, read by the kernel as zeros
+            zeros = [g if i != absent else torch.zeros_like(g) for i, g in enumerate(grads)]
+            nones = [g if i != absent else None for i, g in enumerate(grads)]
+            pairs += zip(torch.ops.panm_hf.pointer_recurrence_backward(*zeros, *bargs[3:]),
+                         pointer_backward_triton(*nones, *bargs[3:]))  # fmt: skip
         assert all(a.shape == b.shape for a, b in pairs)
         worst[f"{scoring}-{dtype}"] = max((a - b).abs().max().item() for a, b in pairs)
 print(worst)
@@ -343,19 +348,21 @@ for dtype, tolerance in ((torch.float64, 1e-12), (torch.float32, 2e-5)):
         leaves = [torch.randn(batch, steps, 6, dtype=dtype), torch.randn(batch, steps, 3, dtype=dtype),
                   torch.randn(batch, size, dtype=dtype)]
         leaves = [leaf.requires_grad_() for leaf in leaves]
-        results = {}
-        for kernel in ("eager", "fused", "triton"):
-            controller.recurrence_kernel = kernel
-            outputs, last, _ = controller(*leaves)
-            projection = torch.randn(outputs.shape, generator=torch.Generator().manual_seed(1), dtype=dtype)
-            loss = (outputs * projection).sum() + last.square().sum()
-            grads = torch.autograd.grad(loss, [*leaves, *controller.parameters()], allow_unused=True)
-            results[kernel] = [outputs, last, *[g for g in grads if g is not None]]
-        assert len(results["triton"]) == len(results["fused"]) == 13  # 2 outputs, 3 inputs, GRU (4), g^o (4)
-        for ref, scale in ((results["fused"], 1), (results["eager"], 10)):
-            for ours, theirs in zip(results["triton"], ref, strict=True):
-                assert torch.allclose(ours, theirs, atol=tolerance * scale, rtol=tolerance * scale)
-        worst[(dtype, size)] = max((a - b).abs().max().item() for a, b in zip(results["triton"], results["fused"]))
+        for uses_last in (True, False):  # without the last state in the loss its gradient is absent (None)
+            results = {}
+            for kernel in ("eager", "fused", "triton"):
+                controller.recurrence_kernel = kernel
+                outputs, last, _ = controller(*leaves)
+                projection = torch.randn(outputs.shape, generator=torch.Generator().manual_seed(1), dtype=dtype)
+                loss = (outputs * projection).sum() + (last.square().sum() if uses_last else 0)
+                grads = torch.autograd.grad(loss, [*leaves, *controller.parameters()], allow_unused=True)
+                results[kernel] = [outputs, last, *[g for g in grads if g is not None]]
+            assert len(results["triton"]) == len(results["fused"]) == 13  # 2 outputs, 3 inputs, GRU (4), g^o (4)
+            for ref, scale in ((results["fused"], 1), (results["eager"], 10)):
+                for ours, theirs in zip(results["triton"], ref, strict=True):
+                    assert torch.allclose(ours, theirs, atol=tolerance * scale, rtol=tolerance * scale)
+            worst[(dtype, size, uses_last)] = max((a - b).abs().max().item()
+                                                  for a, b in zip(results["triton"], results["fused"]))  # fmt: skip
 print(worst)
 print("OK")
 """

@@ -26,19 +26,21 @@ CASES = [
     ("pointer_recurrence", Call("eager", CPU, F32), 0),
     ("pointer_recurrence", Call("fused", CPU, F32, per_step=True), 1),
     ("mode2_read", Call("auto", CPU, F32, per_step=True), 2),
-    ("pointer_recurrence", Call("auto", CPU, F32, compiled_step=True), 3),
-    ("controller_gru", Call("auto", CUDA, F32, controller_read=True), 4),
-    ("controller_gru", Call("auto", CPU, F32, uniform=False), 5),
-    ("mode2_read", Call("auto", CUDA, F32, uniform=False), 5),
-    ("mode2_read", Call("auto", CUDA, F32, tile=512 * 512), 6),  # BERT-sized M: cuBLAS reads it
-    ("pointer_recurrence", Call("auto", META, F32), 7),
-    ("pointer_recurrence", Call("auto", CPU, torch.float16), 8),
-    ("cosine_normalize", Call("auto", CUDA, torch.bfloat16), 8),
-    ("controller_gru", Call("auto", CPU, F32), 9),  # with no C compiler (patched below)
-    ("pointer_recurrence", Call("auto", CUDA, F32), 10),  # with no Triton (patched below)
-    ("controller_pool", Call("auto", CUDA, F32), 10),  # with no Triton (patched below)
-    ("pointer_recurrence", Call("triton", CPU, F32), 11),  # with the interpreter off (patched below)
-    ("cosine_normalize", Call("triton", CPU, F32), 11),  # with the interpreter off (patched below)
+    ("address_bank", Call("auto", CUDA, F32, per_step=True), 3),  # distractor addresses in the bank
+    ("start_pointers", Call("auto", CPU, F32), 4),  # no C twin: eager on the CPU path
+    ("pointer_recurrence", Call("auto", CPU, F32, compiled_step=True), 5),
+    ("controller_gru", Call("auto", CUDA, F32, controller_read=True), 6),
+    ("controller_gru", Call("auto", CPU, F32, uniform=False), 7),
+    ("mode2_read", Call("auto", CUDA, F32, uniform=False), 7),
+    ("mode2_read", Call("auto", CUDA, F32, tile=512 * 512), 8),  # BERT-sized M: cuBLAS reads it
+    ("pointer_recurrence", Call("auto", META, F32), 9),
+    ("pointer_recurrence", Call("auto", CPU, torch.float16), 10),
+    ("cosine_normalize", Call("auto", CUDA, torch.bfloat16), 10),
+    ("controller_gru", Call("auto", CPU, F32), 11),  # with no C compiler (patched below)
+    ("pointer_recurrence", Call("auto", CUDA, F32), 12),  # with no Triton (patched below)
+    ("controller_pool", Call("auto", CUDA, F32), 12),  # with no Triton (patched below)
+    ("pointer_recurrence", Call("triton", CPU, F32), 13),  # with the interpreter off (patched below)
+    ("cosine_normalize", Call("triton", CPU, F32), 13),  # with the interpreter off (patched below)
 ]
 
 
@@ -46,7 +48,7 @@ def test_every_fallback_row_gives_its_reason_for_its_case(monkeypatch):
     monkeypatch.setattr(dispatch, "load_library", lambda dtype: "no C compiler found (set $CC or install cc/gcc)")
     monkeypatch.setattr(dispatch, "register_triton", lambda: "the Triton kernel needs Triton (missing)")
     for op, call, row in CASES:
-        if row == 11:
+        if row == 13:
             monkeypatch.setattr(dispatch, "register_triton", lambda: None)
             monkeypatch.setattr(dispatch, "triton_interpreted", lambda: False)
         reason = FALLBACKS[row][3]

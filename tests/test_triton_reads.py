@@ -105,7 +105,8 @@ for scoring, init in (("cosine", "mean"), ("dot", "sum")):
             torch.testing.assert_close(getattr(ours, name), getattr(eager, name), **TOLERANCE[dtype])
         for name, grad in eager_grads.items():
             torch.testing.assert_close(our_grads[name], grad, **TOLERANCE[dtype], msg=name)
-        ports = ["mode2_attention_triton", "masked_pool_triton"] + (["normalize_rows_triton"] * (scoring == "cosine"))
+        ports = ["mode2_attention_triton", "masked_pool_triton", "address_bank_triton", "start_pointers_triton"] + (
+            ["normalize_rows_triton"] * (scoring == "cosine"))  # fmt: skip
         for op in ports:
             assert f"panm_hf.{op}.default" in names, (op, sorted(set(names)))
         assert not [n for n in names if n.startswith("panm_hf.") and "triton" not in n], sorted(set(names))
@@ -120,6 +121,39 @@ for scoring, keys in (("cosine", "memory"), ("dot", "end_distance"), ("cosine", 
         for our_grad, eager_grad in zip(our_grads, eager_grads, strict=True):
             torch.testing.assert_close(our_grad, eager_grad, **TOLERANCE[dtype])
         assert names.count("panm_hf.mode2_attention_triton.default") == 2, sorted(set(names))
+print("OK")
+"""
+
+
+ADDRESS_CHECK = """
+import torch
+from panm_hf import PanmMemoryConfig
+from panm_hf.kernels import triton_port
+from panm_hf.memory import PanmMemory
+
+torch.manual_seed(0)
+for units, bits, dtype in ((2, 6, torch.float32), (3, 5, torch.float64), (4, 7, torch.float32), (1, 4, torch.float64)):
+    config = PanmMemoryConfig(address_bits=bits, num_pointer_units=units, recurrence_kernel="eager")
+    memory = PanmMemory(config, memory_dim=8, decoder_input_size=8, output_size=8).to(dtype)
+    states = torch.randn(5, 9, 8, dtype=dtype)
+    mask = torch.ones(5, 9, dtype=torch.long)
+    mask[1, 6:], mask[2], mask[3, :4], mask[4, ::2] = 0, 0, 0, 0  # right padding, empty, left padding, holes
+    base = torch.randint(0, 2**bits, (5,))
+    results = {}
+    for kernel in ("eager", "triton"):
+        for module in memory.modules():
+            if hasattr(module, "recurrence_kernel"):
+                module.recurrence_kernel = kernel
+        launches = triton_port.launches
+        bound = memory.bind(states, mask, base_address=base)
+        state = memory.initial_state(bound)
+        results[kernel] = (bound.address_bank, bound.lengths, state.pointers, state.pointer_weights)
+        # triton: the bank, the start, the pooling of h^c_0 (and the address keys' normalisation under cosine)
+        assert triton_port.launches - launches == (0 if kernel == "eager" else 4), triton_port.launches - launches
+        causal = memory.initial_state(bound, causal=True)  # the first slot alone: eager on every path
+        results[kernel] += (causal.pointers, causal.pointer_weights)
+    for ours, theirs in zip(results["triton"], results["eager"], strict=True):
+        assert ours.dtype == theirs.dtype and torch.equal(ours, theirs), (ours, theirs)
 print("OK")
 """
 
@@ -143,3 +177,9 @@ def test_triton_setting_runs_the_read_ports_in_a_training_step():
     """`recurrence_kernel="triton"`: a whole `PanmMemory` training step takes the read ports (they are dispatched)
     and gives eager's outputs and gradients."""
     _run(STEP_CHECK)
+
+
+def test_triton_address_glue_equals_eager_under_the_interpreter():
+    """The address bank and the Pointer Units' start (`triton_addressing`): exactly eager's codes, lengths, start
+    pointers and one-hot weights, for right and left padding, holes and an empty sample; one launch each."""
+    _run(ADDRESS_CHECK)

@@ -8,6 +8,7 @@
 - `triton_port.py`, `triton_shift.py`, `triton_gru.py`, `triton_reads.py`: the Pointer-Unit recurrences
   (`"attention"`, `"shift"`), the Controller GRU and the three smaller ops in Triton (CUDA, or CPU under
   `TRITON_INTERPRET=1`).
+- `linear_rows.py`: PANM's small linears on 2-D rows with a hand-written backward (fewer ops, the same math).
 - `dispatch.py`: decides eager or fused for every op, with the reason for each fallback in one table.
 
 The modules that run these ops import `panm_hf.kernels.dispatch` by its absolute name: transformers' remote-code

@@ -12,6 +12,8 @@ Ops (`OPS`):
     cosine_normalize: cosine scoring's `scale * normalize(x)` (`AttentionScorer`, address keys).
     mode2_read: the Mode-2 read after its query MLP (`Mode2Reader`).
     controller_pool: `h^c_0`'s masked mean or sum of `M` (`Controller.initial_hidden`).
+    address_bank, start_pointers: the address glue (`PanmMemory.address`, `initial_state`), Triton only
+        (`ADDRESSING`): a few integer ops each on CPU, so the C path keeps them eager.
 
 Under `recurrence_kernel="fused"` or `"triton"` a recurrence (`RECURRENCES`) that falls back raises a
 ValueError with the reason (`require`); the other ops fall back silently under every setting.
@@ -32,9 +34,11 @@ from ..memory_config import CONTROLLER_READ_STEPS
 from .loader import DTYPES, load_library, register_triton, triton_interpreted
 from .shift_recurrence import shift_recurrence  # noqa: F401  (registers panm_hf::shift_recurrence)
 
-OPS = ("pointer_recurrence", "controller_gru", "cosine_normalize", "mode2_read", "controller_pool")
+OPS = ("pointer_recurrence", "controller_gru", "cosine_normalize", "mode2_read", "controller_pool", "address_bank",
+       "start_pointers")  # fmt: skip
 RECURRENCES = ("pointer_recurrence", "controller_gru")  # "fused" and "triton" raise when these fall back
 READS = ("cosine_normalize", "mode2_read", "controller_pool")  # per-call ops: a C kernel on CPU, Triton on CUDA
+ADDRESSING = ("address_bank", "start_pointers")  # per-call ops with a Triton kernel only
 TRITON_TILE = 1 << 16  # elements of M one Mode-2 Triton program holds, padded to powers of two
 CUSTOM_OPS = {"cosine_normalize": "normalize_rows", "mode2_read": "mode2_attention", "controller_pool": "masked_pool"}
 
@@ -74,7 +78,7 @@ class Decision:
 def candidate(op: str, call: Call) -> str:
     """The kernel `op` runs when no fallback applies: CUDA's (and `"triton"`'s) or the C one."""
     cuda_path = call.device.type == "cuda" or call.setting == "triton"
-    if cuda_path and op in ("pointer_recurrence", *READS):
+    if cuda_path and op in ("pointer_recurrence", *READS, *ADDRESSING):
         return "triton"
     if call.setting == "triton" and op == "controller_gru":  # its Triton port: one launch, as cuDNN's is one op
         return "triton"
@@ -112,6 +116,9 @@ FALLBACKS: tuple[tuple[tuple[str, ...], tuple[str, ...], Callable[[Call], bool],
     (("pointer_recurrence",), ANY, lambda c: c.per_step,
      "per-step masks and anchors (causal decoding) run step by step"),
     (("mode2_read",), ANY, lambda c: c.per_step, "a per-step (causal) mask is read with plain torch ops"),
+    (ADDRESSING, ANY, lambda c: c.per_step,
+     "distractor addresses or a causal start (the first slot alone) are built with plain torch ops"),
+    (ADDRESSING, ("c",), lambda c: True, "the address glue has no C kernel: on CPU its integer ops run eagerly"),
     (("pointer_recurrence",), ANY, lambda c: c.compiled_step, "compile_step() was called"),
     (("controller_gru",), ANY, lambda c: c.controller_read, CONTROLLER_READ_STEPS),
     (OPS, ("c", "triton"), lambda c: not c.uniform, "the inputs, states and parameters differ in dtype or device"),

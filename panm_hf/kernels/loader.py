@@ -144,7 +144,8 @@ def register_triton() -> str | None:
     """Register the Triton ports (`triton_port`, `triton_shift`, `triton_gru`, `triton_reads`) as their ops' CUDA
     kernels, and as `panm_hf::<op>_triton` on every device (`pointer_recurrence_triton`, `shift_recurrence_triton`,
     `gru_recurrence_triton`, `normalize_rows_triton`, `mode2_attention_triton`, `masked_pool_triton`: what
-    `recurrence_kernel="triton"` calls); a string saying why when Triton is missing."""
+    `recurrence_kernel="triton"` calls), and the address glue's two kernels (`address_bank_triton`,
+    `start_pointers_triton`); a string saying why when Triton is missing."""
     try:
         from .triton_gru import gru_backward_triton, gru_forward_triton
         from .triton_port import pointer_backward_triton, pointer_forward_triton
@@ -179,7 +180,28 @@ def register_triton() -> str | None:
             triton_op = f"panm_hf::{op.replace(name, name + '_triton')}"
             torch.library.custom_op(triton_op, impl, mutates_args=(), schema=schema).register_fake(op_fake)
         torch.library.register_autograd(f"panm_hf::{name}_triton", autograd_backward, setup_context=setup_context)
+    _register_addressing()
     return None
+
+
+def _register_addressing() -> None:
+    """`panm_hf::address_bank_triton` and `start_pointers_triton` (`triton_addressing`): no gradient, no C twin."""
+    from .triton_addressing import address_bank_triton, start_pointers_triton
+
+    if _registered("address_bank_triton"):
+        return
+
+    def bank_fake(mask, base_address, bits, dtype):
+        return mask.new_empty((*mask.shape, bits), dtype=dtype), mask.new_empty(mask.shape[0], dtype=torch.long)
+
+    def start_fake(mask, base_address, lengths, numerators, bits, dtype):
+        batch, slots, units = *mask.shape, numerators.shape[0]
+        return (mask.new_empty((batch, units, bits), dtype=dtype),
+                mask.new_empty((batch, units, slots), dtype=dtype))  # fmt: skip
+
+    for impl, fake in ((address_bank_triton, bank_fake), (start_pointers_triton, start_fake)):
+        op = torch.library.custom_op(f"panm_hf::{impl.__name__}", impl, mutates_args=())
+        op.register_fake(fake)
 
 
 def triton_interpreted() -> bool:

@@ -61,20 +61,28 @@ def _gru_forward_kernel(gi, h0, w_hh, b_hh, states, last, gates, T, H, BLOCK_H: 
 
 
 @triton.jit
-def _gru_backward_kernel(h0, w_hh, states, gates, g_states, g_last, d_gi, d_h0, d_b_hh_rows, h_rows, dgh_rows,
-                         dh_scratch, B, T, H, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
+def _gru_backward_kernel(h0, w_hh, states, gates, g_states, gs_b, gs_t, g_last, d_gi, d_h0, d_b_hh_rows, h_rows,
+                         dgh_rows, B, T, H, HAS_G_STATES: tl.constexpr, HAS_G_LAST: tl.constexpr,
+                         BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
+    """`d_h0` doubles as the scratch of `W_hh^T dgh` (each program's own row; the result is stored after the
+    loop). An absent output gradient (HAS_G_* False) reads as zeros, with no zeros tensor allocated."""
     b = tl.program_id(0)
     G = 3 * H
     offs_h = tl.arange(0, BLOCK_H)
     mh = offs_h < H
-    dh = tl.load(g_last + b * H + offs_h, mask=mh, other=0.0)
+    if HAS_G_LAST:
+        dh = tl.load(g_last + b * H + offs_h, mask=mh, other=0.0)
+    else:
+        dh = tl.zeros((BLOCK_H,), dtype=d_h0.dtype.element_ty)
     d_bias_r = tl.zeros((BLOCK_H,), dtype=dh.dtype)
     d_bias_z = tl.zeros((BLOCK_H,), dtype=dh.dtype)
     d_bias_n = tl.zeros((BLOCK_H,), dtype=dh.dtype)
     states_row = states + b * T * H
     for back in range(T):
         t = T - 1 - back
-        d = dh + tl.load(g_states + (b * T + t) * H + offs_h, mask=mh, other=0.0)
+        d = dh
+        if HAS_G_STATES:
+            d += tl.load(g_states + b * gs_b + t * gs_t + offs_h, mask=mh, other=0.0)
         gate_row = gates + (b * T + t) * 4 * H
         r = tl.load(gate_row + offs_h, mask=mh, other=0.0)
         z = tl.load(gate_row + H + offs_h, mask=mh, other=0.0)
@@ -104,9 +112,9 @@ def _gru_backward_kernel(h0, w_hh, states, gates, g_states, g_last, d_gi, d_h0, 
             part = (tl.sum(tl.load(block, mask=bmask, other=0.0) * dar[:, None], 0)
                     + tl.sum(tl.load(block + H * H, mask=bmask, other=0.0) * daz[:, None], 0)
                     + tl.sum(tl.load(block + 2 * H * H, mask=bmask, other=0.0) * (dan * r)[:, None], 0))  # fmt: skip
-            tl.store(dh_scratch + b * H + offs_k, part, mask=mk)
+            tl.store(d_h0 + b * H + offs_k, part, mask=mk)
         tl.debug_barrier()
-        dh = d * z + tl.load(dh_scratch + b * H + offs_h, mask=mh, other=0.0)
+        dh = d * z + tl.load(d_h0 + b * H + offs_h, mask=mh, other=0.0)
         tl.debug_barrier()
     tl.store(d_h0 + b * H + offs_h, dh, mask=mh)
     tl.store(d_b_hh_rows + b * G + offs_h, d_bias_r, mask=mh)
@@ -133,14 +141,17 @@ def gru_backward_triton(grad_states, grad_last, hidden, hidden_weight, states, g
     """Same arguments and outputs as `loader.gru_recurrence_backward`; the bias gradient is the sum of per-sample
     pieces."""
     batch, steps, size = states.shape
-    grad_states = grad_states.contiguous() if grad_states is not None else hidden.new_zeros(batch, steps, size)
-    grad_last = grad_last.contiguous() if grad_last is not None else hidden.new_zeros(batch, size)
+    if grad_states is not None and grad_states.stride(2) != 1:  # rows of any stride (a slice of a cat's grad)
+        grad_states = grad_states.contiguous()
+    grad_last = grad_last.contiguous() if grad_last is not None else None
     new = hidden.new_empty
     d_input_gates, d_hidden, d_bias_rows = new(batch, steps, 3 * size), new(batch, size), new(batch, 3 * size)
     h_rows, dgh_rows = new(batch * steps, size), new(3 * size, batch * steps)
+    gs = grad_states if grad_states is not None else states  # unread when absent
     _launch(
-        _gru_backward_kernel, (batch,), hidden.contiguous(), hidden_weight.contiguous(), states, gates, grad_states,
-        grad_last, d_input_gates, d_hidden, d_bias_rows, h_rows, dgh_rows, new(batch, size), batch, steps, size,
-        **_blocks(size),
+        _gru_backward_kernel, (batch,), hidden.contiguous(), hidden_weight.contiguous(), states, gates, gs,
+        gs.stride(0), gs.stride(1), grad_last if grad_last is not None else hidden, d_input_gates, d_hidden,
+        d_bias_rows, h_rows, dgh_rows, batch, steps, size, HAS_G_STATES=grad_states is not None,
+        HAS_G_LAST=grad_last is not None, **_blocks(size),
     )  # fmt: skip
     return d_input_gates, d_hidden, d_bias_rows.sum(0), h_rows, dgh_rows

@@ -199,11 +199,13 @@ def _gru_backward(dh, row, u, b, t, B, T, H, NB, hs_row, ps_row, gates, wi, wh, 
 def _pointer_backward_kernel(
     keys, ks_b, ks_u, bank, mask, w_i, w_h, tau_ptr, hs, ps, gates, norms, probs,
     g_weights, g_p_final, g_h_final,
-    d_p0, d_h0, d_keys, d_bank_rows, d_tau_rows, h_rows, p_rows, dgh_rows, dgi_rows, dh_scratch,
+    d_p0, d_h0, d_keys, d_bank_rows, d_tau_rows, h_rows, p_rows, dgh_rows, dgi_rows,
     U, B, T, S, NB, H,
-    COSINE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_NB: tl.constexpr,
-    BLOCK_K: tl.constexpr,
+    COSINE: tl.constexpr, HAS_G_WEIGHTS: tl.constexpr, HAS_G_P: tl.constexpr, HAS_G_H: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_NB: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
+    """`d_h0` doubles as the scratch of `W_h dgh` (each program's own row; the result is stored after the loop).
+    An absent output gradient (HAS_G_* False) reads as zeros, with no zeros tensor allocated."""
     row = tl.program_id(0)
     b, u = row // U, row % U
     G = 3 * H
@@ -215,8 +217,11 @@ def _pointer_backward_kernel(
                    mask=ms[:, None] & mnb[None, :], other=0.0)  # fmt: skip
     real = tl.load(mask + b * S + offs_s, mask=ms, other=0) != 0
     tau = tl.load(tau_ptr) if COSINE else 1.0
-    dh = tl.load(g_h_final + row * H + offs_h, mask=mh, other=0.0)
-    dp = tl.load(g_p_final + row * NB + offs_nb, mask=mnb, other=0.0)
+    dh, dp = tl.zeros((BLOCK_H,), dtype=key.dtype), tl.zeros((BLOCK_NB,), dtype=key.dtype)
+    if HAS_G_H:
+        dh += tl.load(g_h_final + row * H + offs_h, mask=mh, other=0.0)
+    if HAS_G_P:
+        dp += tl.load(g_p_final + row * NB + offs_nb, mask=mnb, other=0.0)
     d_key = tl.zeros((BLOCK_S, BLOCK_H), dtype=key.dtype)
     d_addr = tl.zeros((BLOCK_S, BLOCK_NB), dtype=key.dtype)
     d_tau = tl.sum(tl.zeros((BLOCK_H,), dtype=key.dtype), 0)
@@ -227,14 +232,16 @@ def _pointer_backward_kernel(
         prob = tl.load(probs + (row * T + t) * S + offs_s, mask=ms, other=0.0)
         w = tl.where(real, prob, 0.0)
         d_addr += w[:, None] * dp[None, :]  # through p_t = sum_s w[s] A[s]
-        dw = tl.load(g_weights + ((b * T + t) * U + u) * S + offs_s, mask=ms, other=0.0) + tl.sum(addr * dp[None, :], 1)
+        dw = tl.sum(addr * dp[None, :], 1)
+        if HAS_G_WEIGHTS:
+            dw += tl.load(g_weights + ((b * T + t) * U + u) * S + offs_s, mask=ms, other=0.0)
         hn = tl.load(hs_row + (t + 1) * H + offs_h, mask=mh, other=0.0)
         norm = tl.load(norms + row * T + t)
         step_key, step_tau, dh = _attention_backward(tl.where(real, dw, 0.0), prob, key, hn, norm, tau, dh, COSINE)
         d_key += step_key
         d_tau += step_tau
         dh, dp = _gru_backward(dh, row, u, b, t, B, T, H, NB, hs_row, ps_row, gates, wi, wh, dgi_rows, dgh_rows,
-                               h_rows, p_rows, dh_scratch, offs_h, offs_nb, mh, mnb, BLOCK_K)  # fmt: skip
+                               h_rows, p_rows, d_h0, offs_h, offs_nb, mh, mnb, BLOCK_K)  # fmt: skip
     tl.store(d_h0 + row * H + offs_h, dh, mask=mh)
     tl.store(d_p0 + row * NB + offs_nb, dp, mask=mnb)
     tl.store(d_keys + row * S * H + offs_s[:, None] * H + offs_h[None, :], d_key, mask=ms[:, None] & mh[None, :])
@@ -281,11 +288,8 @@ def pointer_backward_triton(grad_weights, grad_pointers, grad_hidden, keys, bank
     bits, steps = bank.shape[-1], probs.shape[2]
     if keys.stride(3) != 1 or keys.stride(2) != size:
         keys = keys.contiguous()
-    zeros = keys.new_zeros
-    grads = (grad_weights if grad_weights is not None else zeros(batch, steps, units, slots),
-             grad_pointers if grad_pointers is not None else zeros(batch, units, bits),
-             grad_hidden if grad_hidden is not None else zeros(batch, units, size))  # fmt: skip
-    grads = [g.contiguous() for g in grads]
+    present = [g is not None for g in (grad_weights, grad_pointers, grad_hidden)]
+    grads = [g.contiguous() if g is not None else keys for g in (grad_weights, grad_pointers, grad_hidden)]
     cosine = inverse_temperature is not None
     tau = inverse_temperature if cosine else keys  # the scale's 0-d tensor (unread for dot scoring)
     new, rows = keys.new_empty, batch * steps
@@ -296,8 +300,9 @@ def pointer_backward_triton(grad_weights, grad_pointers, grad_hidden, keys, bank
         _pointer_backward_kernel, (batch * units,),
         keys, keys.stride(0), keys.stride(1), bank.contiguous(), mask.contiguous(),
         input_weight.contiguous(), hidden_weight.contiguous(), tau, hidden_states, pointer_states, gates, norms,
-        probs, *grads, d_p0, d_h0, d_keys, d_bank_rows, d_tau_rows, *factors, new(batch * units, size),
-        units, batch, steps, slots, bits, size, COSINE=cosine, **_blocks(size, slots, bits),
+        probs, *grads, d_p0, d_h0, d_keys, d_bank_rows, d_tau_rows, *factors,
+        units, batch, steps, slots, bits, size, COSINE=cosine, HAS_G_WEIGHTS=present[0], HAS_G_P=present[1],
+        HAS_G_H=present[2], **_blocks(size, slots, bits),
     )  # fmt: skip
     h_rows, p_rows, dgh, dgi = factors
     return (d_p0, d_h0, d_keys, d_bank_rows.sum(1), dgi.sum(1), dgh.sum(1), d_tau_rows.sum(), h_rows, p_rows, dgh, dgi)

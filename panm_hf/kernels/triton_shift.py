@@ -142,10 +142,11 @@ def _shift_update_backward(dw, q, c, mix, prob, gamma, first_row, prev_row, t, S
 def _shift_backward_kernel(
     keys, ks_b, ks_u, bank, mask, w_i, w_h, tau_ptr, hs, ps, gates, norms, probs, w0, head_w, sharpening, moves,
     mixed, sharp, g_weights, g_p_final, g_h_final,
-    d_p0, d_h0, d_keys, d_bank_rows, d_tau_rows, h_rows, p_rows, dgh_rows, dgi_rows, dh_scratch,
-    d_w0, d_head_w_rows, d_head_b_rows, d_sharpening_rows, dz_scratch,
+    d_p0, d_h0, d_keys, d_bank_rows, d_tau_rows, h_rows, p_rows, dgh_rows, dgi_rows,
+    d_w0, d_head_w_rows, d_head_b_rows, d_sharpening_rows,
     U, B, T, S, NB, H,
-    COSINE: tl.constexpr, REACH: tl.constexpr, IS_DOUBLE: tl.constexpr, BLOCK_H: tl.constexpr,
+    COSINE: tl.constexpr, REACH: tl.constexpr, IS_DOUBLE: tl.constexpr, HAS_G_WEIGHTS: tl.constexpr,
+    HAS_G_P: tl.constexpr, HAS_G_H: tl.constexpr, BLOCK_H: tl.constexpr,
     BLOCK_S: tl.constexpr, BLOCK_NB: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0)
@@ -165,8 +166,11 @@ def _shift_backward_kernel(
     sharpening_u = tl.load(sharpening + u)
     gamma = 1.0 + _softplus(sharpening_u)
     tiny = 2.2250738585072014e-308 if IS_DOUBLE else 1.1754943508222875e-38
-    dh = tl.load(g_h_final + row * H + offs_h, mask=mh, other=0.0)
-    dp = tl.load(g_p_final + row * NB + offs_nb, mask=mnb, other=0.0)
+    dh, dp = tl.zeros((BLOCK_H,), dtype=key.dtype), tl.zeros((BLOCK_NB,), dtype=key.dtype)
+    if HAS_G_H:
+        dh += tl.load(g_h_final + row * H + offs_h, mask=mh, other=0.0)
+    if HAS_G_P:
+        dp += tl.load(g_p_final + row * NB + offs_nb, mask=mnb, other=0.0)
     dv = tl.zeros((BLOCK_S,), dtype=key.dtype)  # dL/dw_t through step t + 1's moves
     d_key = tl.zeros((BLOCK_S, BLOCK_H), dtype=key.dtype)
     d_addr = tl.zeros((BLOCK_S, BLOCK_NB), dtype=key.dtype)
@@ -182,12 +186,14 @@ def _shift_backward_kernel(
         prob = tl.load(probs + step * S + offs_s, mask=ms, other=0.0)
         q = tl.load(sharp + step * S + offs_s, mask=ms, other=0.0)
         d_addr += tl.where(real, q, 0.0)[:, None] * dp[None, :]  # through p_t = sum_s w[s] A[s]
-        dw = tl.load(g_weights + ((b * T + t) * U + u) * S + offs_s, mask=ms, other=0.0) + tl.sum(addr * dp[None, :], 1)
+        dw = tl.sum(addr * dp[None, :], 1)
+        if HAS_G_WEIGHTS:
+            dw += tl.load(g_weights + ((b * T + t) * U + u) * S + offs_s, mask=ms, other=0.0)
         c = tl.load(moves + step * M + offs_m, mask=mm, other=0.0)
         mix = tl.load(mixed + step * S + offs_s, mask=ms, other=1.0)
         dP, dv, d_logits, step_gamma = _shift_update_backward(
             dw + dv, q, c, mix, prob, gamma, w0 + row * S, sharp + (step - 1) * S, t, S, mask + b * S, real, ms,
-            offs_s, offs_m, dz_scratch + row * S, tiny, REACH,
+            offs_s, offs_m, d_w0 + row * S, tiny, REACH,
         )  # fmt: skip
         hn = tl.load(hs_row + (t + 1) * H + offs_h, mask=mh, other=0.0)
         d_gamma += step_gamma
@@ -198,7 +204,7 @@ def _shift_backward_kernel(
         d_key += step_key
         d_tau += step_tau
         dh, dp = _gru_backward(dh, row, u, b, t, B, T, H, NB, hs_row, ps_row, gates, wi, wh, dgi_rows, dgh_rows,
-                               h_rows, p_rows, dh_scratch, offs_h, offs_nb, mh, mnb, BLOCK_K)  # fmt: skip
+                               h_rows, p_rows, d_h0, offs_h, offs_nb, mh, mnb, BLOCK_K)  # fmt: skip
     tl.store(d_h0 + row * H + offs_h, dh, mask=mh)
     tl.store(d_p0 + row * NB + offs_nb, dp, mask=mnb)
     tl.store(d_w0 + row * S + offs_s, dv, mask=ms)
@@ -249,16 +255,15 @@ def shift_backward_triton(grad_weights, grad_pointers, grad_hidden, keys, bank, 
                           inverse_temperature, previous_weights, head_weight, sharpening, hidden_states,
                           pointer_states, gates, norms, probs, moves, mixed, sharpened):  # fmt: skip
     """Same arguments and outputs as `shift_recurrence.shift_recurrence_backward`. The kernel writes per-row pieces;
-    the bank, bias, temperature, head and sharpening gradients are their sums over rows."""
+    the bank, bias, temperature, head and sharpening gradients are their sums over rows. `d_h0` and `d_w0` double as
+    the kernel's scratch rows (each program's own; stored after its loop); an absent output gradient reads as
+    zeros (HAS_G_*), with no zeros tensor allocated."""
     batch, units, slots, size = keys.shape
     bits, steps, width = bank.shape[-1], probs.shape[2], head_weight.shape[-1]
     if keys.stride(3) != 1 or keys.stride(2) != size:
         keys = keys.contiguous()
-    zeros = keys.new_zeros
-    grads = (grad_weights if grad_weights is not None else zeros(batch, steps, units, slots),
-             grad_pointers if grad_pointers is not None else zeros(batch, units, bits),
-             grad_hidden if grad_hidden is not None else zeros(batch, units, size))  # fmt: skip
-    grads = [g.contiguous() for g in grads]
+    present = [g is not None for g in (grad_weights, grad_pointers, grad_hidden)]
+    grads = [g.contiguous() if g is not None else keys for g in (grad_weights, grad_pointers, grad_hidden)]
     tau = inverse_temperature if inverse_temperature is not None else keys  # unread for dot scoring
     new, rows = keys.new_empty, batch * steps
     d_p0, d_h0, d_keys = new(batch, units, bits), new(batch, units, size), new(batch, units, slots, size)
@@ -272,8 +277,9 @@ def shift_backward_triton(grad_weights, grad_pointers, grad_hidden, keys, bank, 
         keys, keys.stride(0), keys.stride(1), bank.contiguous(), mask.contiguous(),
         input_weight.contiguous(), hidden_weight.contiguous(), tau, hidden_states, pointer_states, gates, norms,
         probs, *shift, moves, mixed, sharpened, *grads, d_p0, d_h0, d_keys, d_bank_rows, d_tau_rows, *factors,
-        new(batch * units, size), d_w0, d_head_rows, d_head_bias_rows, d_sharpening_rows, new(batch * units, slots),
-        units, batch, steps, slots, bits, size, **_constants(keys, bank, head_weight, inverse_temperature),
+        d_w0, d_head_rows, d_head_bias_rows, d_sharpening_rows,
+        units, batch, steps, slots, bits, size, HAS_G_WEIGHTS=present[0], HAS_G_P=present[1], HAS_G_H=present[2],
+        **_constants(keys, bank, head_weight, inverse_temperature),
     )  # fmt: skip
     h_rows, p_rows, dgh, dgi = factors
     return (d_p0, d_h0, d_keys, d_bank_rows.sum(1), dgi.sum(1), dgh.sum(1), d_tau_rows.sum(), h_rows, p_rows, dgh, dgi,
