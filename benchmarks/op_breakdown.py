@@ -24,8 +24,10 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from panm_hf import controller, memory, pointer_unit, reads
+from panm_hf.kernels import linear_rows
 
 OTHER = "backbone + loss"
+FUNCTIONS = [linear_rows._LinearRows]  # PANM's autograd Functions (not seen by a torch-function mode)
 # (owner, method name) -> part; the innermost running part wins
 PARTS = [
     (memory.PanmMemory, "forward", "PANM glue (PanmMemory.forward)"),
@@ -48,7 +50,11 @@ class Attribution(TorchFunctionMode):
         self.seen: set[int] = set()  # nodes already attributed: a call returning its input unchanged made none
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
+        return self.record(func(*args, **(kwargs or {})))
+
+    def record(self, out):
+        """Attribute the nodes of `out` to the running part (also for autograd Functions, whose `apply` a
+        torch-function mode does not see)."""
         part = self.stack[-1] if self.stack else OTHER
         for value in out if isinstance(out, (tuple, list)) else (out,):
             node = getattr(value, "grad_fn", None) if isinstance(value, torch.Tensor) else None
@@ -100,11 +106,15 @@ def attributed(attribution: Attribution):
 
         setattr(owner, name, wrapper)
         originals.append((owner, name, original))
+    for function in FUNCTIONS:  # autograd Functions: their outputs' nodes, recorded as they are made
+        function.apply = lambda *args, _original=function.apply: attribution.record(_original(*args))
     try:
         yield
     finally:
         for owner, name, original in originals:
             setattr(owner, name, original)
+        for function in FUNCTIONS:
+            del function.apply  # `torch.autograd.Function.apply` again
 
 
 def breakdown(loss_fn) -> Counter:
