@@ -7,7 +7,8 @@
 - `shift_recurrence.py`: the Pointer-Unit recurrence with `pointer_update="shift"` as `panm_hf::shift_recurrence`.
 - `triton_port.py`, `triton_shift.py`, `triton_gru.py`, `triton_reads.py`: the Pointer-Unit recurrences
   (`"attention"`, `"shift"`), the Controller GRU and the three smaller ops in Triton (CUDA, or CPU under
-  `TRITON_INTERPRET=1`).
+  `TRITON_INTERPRET=1`); `triton_addressing.py`: the address glue (the slots' address bank, the Pointer Units'
+  start) as one launch each, Triton only.
 - `linear_rows.py`: PANM's small linears on 2-D rows with a hand-written backward (fewer ops, the same math).
 - `dispatch.py`: decides eager or fused for every op, with the reason for each fallback in one table.
 
