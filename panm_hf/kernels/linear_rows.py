@@ -8,8 +8,8 @@ GRU's input gates) run on a few rows each step, so on a GPU each op is a kernel 
 arithmetic (issue 35's proxy: ops per training step).
 
 `linear(module, rows)` takes this path only for a plain `nn.Linear` without hooks, with grad enabled and no
-autocast; any other
-module (a PEFT LoRA layer, a quantized linear, a hooked one) is called as it is, so nothing is bypassed.
+autocast; any other module (a PEFT LoRA layer, a quantized linear, a hooked one) is called as it is, so nothing is
+bypassed.
 """
 
 from __future__ import annotations
@@ -43,33 +43,26 @@ class _LinearRows(torch.autograd.Function):
 
 
 def _plain(module: nn.Module, kind: type) -> bool:
-    """`module` is exactly a `kind`, no hook would see its call, and autograd records outside autocast (whose
-    casts the hand-written backward would not mirror)."""
+    """`module` is exactly a `kind` and no hook would see its call."""
     hooks = (module._forward_hooks, module._forward_pre_hooks, _module_hooks._global_forward_hooks,
              _module_hooks._global_forward_pre_hooks)  # fmt: skip
-    return (type(module) is kind and not any(hooks) and torch.is_grad_enabled()
-            and not torch.is_autocast_enabled(module_device_type(module)))  # fmt: skip
-
-
-def module_device_type(module: nn.Module) -> str:
-    parameter = next(module.parameters(), None)
-    return "cpu" if parameter is None else parameter.device.type
-
-
-def linear(module: nn.Module, rows: Tensor) -> Tensor:
-    """`module(rows)` for 2-D `rows`, through `_LinearRows` when `module` is a plain, unhooked `nn.Linear`
-    and autograd records: `(rows, in)` -> `(rows, out)`."""
-    if not _plain(module, nn.Linear) or rows.dim() != 2 or rows.dtype != module.weight.dtype:
-        return module(rows)
-    return _LinearRows.apply(rows, module.weight, module.bias)  # (rows, out)
+    return type(module) is kind and not any(hooks)
 
 
 def linear_rows(rows: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     """`nn.functional.linear(rows, weight, bias)` for 2-D `rows`, through `_LinearRows` when autograd records
-    outside autocast: `(rows, in)` -> `(rows, out)`."""
+    outside autocast (whose casts the hand-written backward would not mirror): `(rows, in)` -> `(rows, out)`."""
     if rows.dim() != 2 or not torch.is_grad_enabled() or torch.is_autocast_enabled(rows.device.type):
         return nn.functional.linear(rows, weight, bias)
     return _LinearRows.apply(rows, weight, bias)  # (rows, out)
+
+
+def linear(module: nn.Module, rows: Tensor) -> Tensor:
+    """`module(rows)`, through `linear_rows` when `module` is a plain, unhooked `nn.Linear` of the rows' dtype:
+    `(rows, in)` -> `(rows, out)`."""
+    if not _plain(module, nn.Linear) or rows.dtype != module.weight.dtype:
+        return module(rows)
+    return linear_rows(rows, module.weight, module.bias)  # (rows, out)
 
 
 def mlp(layers: nn.Sequential, rows: Tensor) -> Tensor:
