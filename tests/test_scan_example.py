@@ -504,3 +504,30 @@ def test_stop_probe_reads_every_target_step_of_a_panm_model():
     weights = torch.tensor([[[[0.0, 0.5, 0.5, 0.0], [0.0, 0.0, 0.0, 1.0]]]])  # (1, 1 head, 2 steps, 4 slots)
     position = stop_probe.read_position(weights, torch.tensor([[1, 1, 1, 0]]))  # the last real slot is 2
     assert position.tolist() == [[[0.5, 0.5], [0.0, -1.0]]]
+
+
+def test_composition_sorts_clauses_by_what_training_showed(tmp_path):
+    import composition
+
+    training = ["jump twice and walk", "look around left thrice", "walk after run"]
+    commands = ["walk and jump twice", "look around left thrice and walk", "run twice after walk", "walk after run"]
+    classes = composition.classify(commands, training)
+    assert classes == ["composed", "alone only", "unseen", "composed"]
+    predictions = ["I_WALK I_JUMP I_JUMP", "I_LOOK", "I_WALK I_RUN I_RUN I_RUN", "I_WALK I_JUMP"]
+    targets = ["I_WALK I_JUMP I_JUMP", "I_LOOK I_WALK", "I_WALK I_RUN I_RUN", "I_RUN I_WALK"]
+    rows = composition.breakdown(classes, predictions, targets)
+    assert rows["composed"] == {"count": 2, "share": 50.0, "right": 50.0, "early": 0.0, "late": 0.0, "content": 50.0}
+    assert rows["alone only"]["early"] == 100.0 and rows["unseen"]["late"] == 100.0
+    assert composition.breakdown(classes, None, targets)["unseen"] == {"count": 1, "share": 25.0}
+    with pytest.raises(ValueError, match="results.json does not exist"):
+        composition.analyse(tmp_path, DATA_DIR, use_model=False)
+
+
+@needs_data
+def test_composition_finds_every_longer_output_composed_from_l25_on(tmp_path):
+    import composition
+
+    for cutoff, composed in ((24, 12.5), (25, 100.0)):
+        (tmp_path / "results.json").write_text(json.dumps({"cutoff": cutoff, "results": {}}))
+        (row,) = composition.main([str(tmp_path), "--data_dir", str(DATA_DIR), "--no_model"])
+        assert round(row["classes"]["composed"]["share"], 1) == composed
