@@ -516,7 +516,7 @@ def test_composition_sorts_clauses_by_what_training_showed(tmp_path):
     predictions = ["I_WALK I_JUMP I_JUMP", "I_LOOK", "I_WALK I_RUN I_RUN I_RUN", "I_WALK I_JUMP"]
     targets = ["I_WALK I_JUMP I_JUMP", "I_LOOK I_WALK", "I_WALK I_RUN I_RUN", "I_RUN I_WALK"]
     rows = composition.breakdown(classes, predictions, targets)
-    assert rows["composed"] == {"count": 2, "share": 50.0, "right": 50.0, "early": 0.0, "late": 0.0, "content": 50.0}
+    assert rows["composed"] == {"count": 2, "share": 50.0, "correct": 50.0, "early": 0.0, "late": 0.0, "content": 50.0}
     assert rows["alone only"]["early"] == 100.0 and rows["unseen"]["late"] == 100.0
     assert composition.breakdown(classes, None, targets)["unseen"] == {"count": 1, "share": 25.0}
     with pytest.raises(ValueError, match="results.json does not exist"):

@@ -23,10 +23,9 @@ from __future__ import annotations
 import argparse
 import json
 import re
-from collections import Counter
 from pathlib import Path
 
-from panm_hf.pipelines.scan_data import load_cutoff_split
+from panm_hf.pipelines.scan_data import ScanSplit, load_cutoff_split, score
 
 CLASSES = ("composed", "alone only", "unseen")
 CONJUNCTION = re.compile(r" (?:and|after) ")
@@ -51,23 +50,15 @@ def classify(commands: list[str], training: list[str]) -> list[str]:
     return [one(command) for command in commands]
 
 
-def outcome(prediction: str, target: str) -> str:
-    """right, early (fewer actions), late (more) or content (right length, wrong actions)."""
-    p, t = len(prediction.split()), len(target.split())
-    if prediction == target:
-        return "right"
-    return "early" if p < t else "late" if p > t else "content"
-
-
 def breakdown(classes: list[str], predictions: list[str] | None, targets: list[str]) -> dict:
-    """Per class: count, share of the test set (%), and with predictions exact match and outcomes (% of the class)."""
+    """Per class: count, share of the test set (%), and with predictions `score`'s EOS diagnosis (% of the class)."""
     rows = {}
     for name in CLASSES:
         chosen = [i for i, c in enumerate(classes) if c == name]
         row = {"count": len(chosen), "share": 100.0 * len(chosen) / max(len(classes), 1)}
-        if predictions is not None and chosen:
-            counts = Counter(outcome(predictions[i], targets[i]) for i in chosen)
-            row.update({key: 100.0 * counts[key] / len(chosen) for key in ("right", "early", "late", "content")})
+        if predictions is not None and chosen:  # the run's own EOS diagnosis, on this class alone
+            split = ScanSplit([""] * len(chosen), [targets[i] for i in chosen])
+            row.update(score([predictions[i] for i in chosen], split)["eos_diagnosis"])
         rows[name] = row
     return rows
 
@@ -100,7 +91,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     for row in rows:
         parts = []
         for name, values in row["classes"].items():
-            scored = f", right {values['right']:.1f}, early {values['early']:.1f}" if "right" in values else ""
+            scored = f", right {values['correct']:.1f}, early {values['early']:.1f}" if "correct" in values else ""
             parts.append(f"{name} {values['share']:.1f}% ({values['count']}{scored})")
         print(f"{row['run']} (L = {row['cutoff']}): " + "; ".join(parts))
     if args.output is not None:
