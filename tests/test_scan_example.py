@@ -523,6 +523,22 @@ def test_composition_sorts_clauses_by_what_training_showed(tmp_path):
         composition.analyse(tmp_path, DATA_DIR, use_model=False)
 
 
+def test_composition_pairs_clauses_by_length_in_output_order():
+    import composition
+
+    actions = {"walk": 1, "jump twice": 2, "run around left": 8}
+    assert composition.output_order("walk after run around left") == ["run around left", "walk"]
+    keys = [composition.pair_key(c, actions) for c in ("walk after run around left", "walk and jump twice", "walk")]
+    assert keys == ["8+1", "1+2", "1"]
+    targets = ["I_A I_B", "I_C I_D I_E", "I_F", "I_G I_H"]
+    rows = composition.pairs(["8+1", "1+2", "1", "8+1"], ["I_A", "I_C I_D I_E", "I_F", "I_G I_H"], targets)
+    assert list(rows) == ["1", "1+2", "8+1"]  # by the counts, not as strings
+    assert rows["8+1"] == {"count": 2, "correct": 50.0, "early": 50.0, "late": 0.0, "content": 0.0}
+    assert composition.pairs(["8+1"], None, targets[:1]) == {"8+1": {"count": 1}}
+    with pytest.raises(ValueError, match="clause 'look' of 'look and walk' is not a command"):
+        composition.pair_key("look and walk", actions)
+
+
 @needs_data
 def test_composition_finds_every_longer_output_composed_from_l25_on(tmp_path):
     import composition
@@ -531,3 +547,6 @@ def test_composition_finds_every_longer_output_composed_from_l25_on(tmp_path):
         (tmp_path / "results.json").write_text(json.dumps({"cutoff": cutoff, "results": {}}))
         (row,) = composition.main([str(tmp_path), "--data_dir", str(DATA_DIR), "--no_model"])
         assert round(row["classes"]["composed"]["share"], 1) == composed
+        assert sum(cell["count"] for cell in row["pairs"].values()) == row["num_test"]
+        assert all(sum(int(n) for n in key.split("+")) > cutoff for key in row["pairs"])  # longer than L
+    assert row["pairs"]["24+2"] == {"count": 256}  # L = 25: `around ... thrice`, then a two-action clause

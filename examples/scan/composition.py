@@ -14,6 +14,11 @@ and gives each class's share of the test set, its exact match and its EOS outcom
 model, greedy as in the run; with `--no_model`, only the shares). A low score on **composed** is a length
 failure; on the other two, the model must also compose a clause it never saw composed.
 
+`pairs` splits the same test set by the action counts of its clauses in the order the output writes them
+(`16+24`: a 16-action clause, then a 24-action one; `after` writes its second clause first; one number: a
+single clause). Every longer output pairs two clauses longer together than training ever did; the cells say
+which pairings a run fails.
+
     python examples/scan/composition.py runs/scan/panm_one_design_ek_L24_s0 --data_dir ../shared/data/scan \
         --output composition.json
 """
@@ -25,7 +30,7 @@ import json
 import re
 from pathlib import Path
 
-from panm_hf.pipelines.scan_data import ScanSplit, load_cutoff_split, score
+from panm_hf.pipelines.scan_data import TASKS_FILE, ScanSplit, load_cutoff_split, read_tasks, score
 
 CLASSES = ("composed", "alone only", "unseen")
 CONJUNCTION = re.compile(r" (?:and|after) ")
@@ -34,6 +39,24 @@ CONJUNCTION = re.compile(r" (?:and|after) ")
 def clauses(command: str) -> list[str]:
     """The one or two clauses of a SCAN command."""
     return CONJUNCTION.split(command)
+
+
+def output_order(command: str) -> list[str]:
+    """The clauses in the order the output writes them (`x after y` writes y's actions first)."""
+    parts = clauses(command)
+    return parts[::-1] if " after " in command else parts
+
+
+def pair_key(command: str, actions: dict[str, int]) -> str:
+    """`16+24`: the action counts of the clauses in output order (`actions`: a clause's count, as a command)."""
+    parts = output_order(command)
+    missing = [part for part in parts if part not in actions]
+    if missing:
+        raise ValueError(
+            f"clause {missing[0]!r} of {command!r} is not a command of the tasks file; pass SCAN's "
+            f"full {TASKS_FILE} in --data_dir."
+        )
+    return "+".join(str(actions[part]) for part in parts)
 
 
 def classify(commands: list[str], training: list[str]) -> list[str]:
@@ -63,6 +86,19 @@ def breakdown(classes: list[str], predictions: list[str] | None, targets: list[s
     return rows
 
 
+def pairs(keys: list[str], predictions: list[str] | None, targets: list[str]) -> dict:
+    """Per clause-length pair (`pair_key`), count and, with predictions, `score`'s EOS diagnosis (% of the pair)."""
+    rows = {}
+    for key in sorted(set(keys), key=lambda k: [int(n) for n in k.split("+")]):
+        chosen = [i for i, k in enumerate(keys) if k == key]
+        row = {"count": len(chosen)}
+        if predictions is not None:
+            split = ScanSplit([""] * len(chosen), [targets[i] for i in chosen])
+            row.update(score([predictions[i] for i in chosen], split)["eos_diagnosis"])
+        rows[key] = row
+    return rows
+
+
 def analyse(run_dir: Path, data_dir: Path, use_model: bool) -> dict:
     path = run_dir / "results.json"
     if not path.is_file():
@@ -76,8 +112,12 @@ def analyse(run_dir: Path, data_dir: Path, use_model: bool) -> dict:
 
         _, model, tokenizer = load_run(run_dir)
         predictions = decode(model, tokenizer, test.commands, None)
+    tasks = read_tasks(Path(data_dir) / TASKS_FILE)  # every clause of SCAN is a command of its own
+    actions = {command: len(output.split()) for command, output in zip(tasks.commands, tasks.actions)}
+    keys = [pair_key(command, actions) for command in test.commands]
     return {"run": run_dir.name, "cutoff": summary["cutoff"], "num_test": len(test.commands),
-            "classes": breakdown(classes, predictions, test.actions)}  # fmt: skip
+            "classes": breakdown(classes, predictions, test.actions),
+            "pairs": pairs(keys, predictions, test.actions)}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -94,6 +134,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
             scored = f", right {values['correct']:.1f}, early {values['early']:.1f}" if "correct" in values else ""
             parts.append(f"{name} {values['share']:.1f}% ({values['count']}{scored})")
         print(f"{row['run']} (L = {row['cutoff']}): " + "; ".join(parts))
+        scored = [(key, cell) for key, cell in row["pairs"].items() if "correct" in cell]
+        if scored:  # the pairings, as `first+second count right/early`
+            print("  pairs: " + "; ".join(f"{k} ({c['count']}) {c['correct']:.1f}/{c['early']:.1f}" for k, c in scored))
     if args.output is not None:
         args.output.write_text(json.dumps(rows, indent=2))
     return rows
