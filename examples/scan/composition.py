@@ -30,7 +30,7 @@ import json
 import re
 from pathlib import Path
 
-from panm_hf.pipelines.scan_data import TASKS_FILE, ScanSplit, load_cutoff_split, read_tasks, score
+from panm_hf.pipelines.scan_data import TASKS_FILE, ScanSplit, load_cutoff_split, score
 
 CLASSES = ("composed", "alone only", "unseen")
 CONJUNCTION = re.compile(r" (?:and|after) ")
@@ -73,6 +73,12 @@ def classify(commands: list[str], training: list[str]) -> list[str]:
     return [one(command) for command in commands]
 
 
+def diagnosis(chosen: list[int], predictions: list[str], targets: list[str]) -> dict:
+    """`score`'s EOS diagnosis (% right, early, late, wrong content) of the chosen outputs alone."""
+    split = ScanSplit([""] * len(chosen), [targets[i] for i in chosen])
+    return score([predictions[i] for i in chosen], split)["eos_diagnosis"]
+
+
 def breakdown(classes: list[str], predictions: list[str] | None, targets: list[str]) -> dict:
     """Per class: count, share of the test set (%), and with predictions `score`'s EOS diagnosis (% of the class)."""
     rows = {}
@@ -80,22 +86,21 @@ def breakdown(classes: list[str], predictions: list[str] | None, targets: list[s
         chosen = [i for i, c in enumerate(classes) if c == name]
         row = {"count": len(chosen), "share": 100.0 * len(chosen) / max(len(classes), 1)}
         if predictions is not None and chosen:  # the run's own EOS diagnosis, on this class alone
-            split = ScanSplit([""] * len(chosen), [targets[i] for i in chosen])
-            row.update(score([predictions[i] for i in chosen], split)["eos_diagnosis"])
+            row.update(diagnosis(chosen, predictions, targets))
         rows[name] = row
     return rows
 
 
 def pairs(keys: list[str], predictions: list[str] | None, targets: list[str]) -> dict:
     """Per clause-length pair (`pair_key`), count and, with predictions, `score`'s EOS diagnosis (% of the pair)."""
+    groups: dict[str, list[int]] = {}
+    for index, key in enumerate(keys):
+        groups.setdefault(key, []).append(index)
     rows = {}
-    for key in sorted(set(keys), key=lambda k: [int(n) for n in k.split("+")]):
-        chosen = [i for i, k in enumerate(keys) if k == key]
-        row = {"count": len(chosen)}
+    for key in sorted(groups, key=lambda k: [int(n) for n in k.split("+")]):
+        rows[key] = {"count": len(groups[key])}
         if predictions is not None:
-            split = ScanSplit([""] * len(chosen), [targets[i] for i in chosen])
-            row.update(score([predictions[i] for i in chosen], split)["eos_diagnosis"])
-        rows[key] = row
+            rows[key].update(diagnosis(groups[key], predictions, targets))
     return rows
 
 
@@ -104,7 +109,7 @@ def analyse(run_dir: Path, data_dir: Path, use_model: bool) -> dict:
     if not path.is_file():
         raise ValueError(f"{path} does not exist; pass run folders written by run_scan.py.")
     summary = json.loads(path.read_text())
-    train, _, test = load_cutoff_split(data_dir, summary["cutoff"])
+    train, heldout, test = load_cutoff_split(data_dir, summary["cutoff"])
     classes = classify(test.commands, train.commands)  # what the run trained on, not its i.i.d. set
     predictions = None
     if use_model:
@@ -112,8 +117,9 @@ def analyse(run_dir: Path, data_dir: Path, use_model: bool) -> dict:
 
         _, model, tokenizer = load_run(run_dir)
         predictions = decode(model, tokenizer, test.commands, None)
-    tasks = read_tasks(Path(data_dir) / TASKS_FILE)  # every clause of SCAN is a command of its own
-    actions = {command: len(output.split()) for command, output in zip(tasks.commands, tasks.actions)}
+    # the three sets hold every command of the tasks file, and every clause of SCAN is a command of its own
+    splits = (train, heldout, test)
+    actions = {c: len(a.split()) for split in splits for c, a in zip(split.commands, split.actions)}
     keys = [pair_key(command, actions) for command in test.commands]
     return {"run": run_dir.name, "cutoff": summary["cutoff"], "num_test": len(test.commands),
             "classes": breakdown(classes, predictions, test.actions),
