@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -332,6 +333,33 @@ def test_the_one_design_row_is_the_measured_candidate(tmp_path):
     defaults = run_scan.parse_arguments(["--output_dir", str(tmp_path)])
     assert defaults[1] == with_keys[1]
     assert (defaults[0].placement, defaults[0].decoder_positions, defaults[0].decoder_window) == ("replace", "none", 24)
+
+
+def test_every_scan_result_records_the_settings_its_command_runs():
+    """Each run in docs/results/scan/runs.json ran its `command`: that command, parsed by today's run_scan.py
+    (through run_table.py's rows where the run went through it), gives the cut-off, seed, steps, batch and learning
+    rate the entry records. A run whose flags the examples no longer have names the `commit` its command runs at."""
+    runs = json.loads((ROOT / "docs" / "results" / "scan" / "runs.json").read_text())
+    checked = 0
+    for key, entry in runs.items():
+        if "commit" in entry:
+            continue
+        words = shlex.split(entry["command"])
+        if words[1].endswith("run_table.py"):
+            args = run_table.parse_arguments(words[2:])
+            (design,) = args.designs
+            assert entry["cutoff"] in args.cutoffs and entry["seed"] in args.seeds, key
+            argv = run_table.command(design, entry["cutoff"], entry["seed"], args)[2:]
+        else:
+            argv = words[2:]
+        _, _, data_args, training_args = run_scan.parse_arguments(argv)
+        ran = {"cutoff": data_args.cutoff, "seed": training_args.seed, "max_steps": training_args.max_steps,
+               "learning_rate": training_args.learning_rate,
+               "per_device_train_batch_size": training_args.per_device_train_batch_size}  # fmt: skip
+        recorded = {name: entry[name] for name in ran if name in entry}
+        assert recorded == {name: ran[name] for name in recorded}, key
+        checked += 1
+    assert checked >= len(runs) - 1
 
 
 @pytest.mark.parametrize(
