@@ -80,7 +80,9 @@ class PanmConfig(PreTrainedConfig, PanmMemoryConfig):
             backbone's own; `"none"`: its absolute position embeddings zeroed and frozen (BART, Marian), so no
             decoder step past the training length looks new; `"offset"`: they start at a random offset in
             `[0, max_position_offset]` per sample in training (0 in eval); `"alibi"`: none, and ALiBi's distance
-            bias on the decoder's self-attention. SCAN's length split needs `"none"` (docs/results/scan.md).
+            bias on the decoder's self-attention; `"relative"`: none, and a learned bias per head and distance
+            inside `decoder_window` (which it needs; a `relative_attention_bias` table per self-attention, saved
+            with the weights). SCAN's length split needs `"none"` (docs/results/scan.md).
         decoder_window (`int`, *optional*, defaults to 0):
             beyond the paper, `PanmForSeq2SeqLM` only: each decoder query attends to its last `decoder_window`
             tokens (0: the whole prefix). With it no bigger than the training outputs, no decoder query past the

@@ -1,10 +1,12 @@
 """An encoder-decoder's decoder position signal (`PanmConfig.decoder_positions`, the examples' `--decoder_positions`):
-the backbone's own absolute positions, none, a random offset in training, or ALiBi's linear distance bias in
-place of them; and `decoder_window`, a sliding window on the decoder's self-attention (each query attends to its
-last W tokens), so no decoder query past the training length attends to more tokens than in training.
+the backbone's own absolute positions, none, a random offset in training, ALiBi's linear distance bias, or a learned
+bias per head and distance inside the window (`relative`) in place of them; and `decoder_window`, a sliding window
+on the decoder's self-attention (each query attends to its last W tokens), so no decoder query past the training
+length attends to more tokens than in training.
 
 Measured on SCAN's length split (docs/results/scan_diagnosis.md), where the decoder's absolute positions are
-what a model past the training lengths has never seen. None of them adds a parameter. ALiBi and the window live
+what a model past the training lengths has never seen. Only `relative` adds parameters (a `(window, heads)` table
+per self-attention, saved with the weights). ALiBi and the window live
 in the attention function, which transformers does not save, so the settings are recorded in the config
 instead: `PanmForSeq2SeqLM` applies its `PanmConfig`'s when it is built or loaded, and the examples record them
 in a plain backbone's config (`record`) and apply them again when they load it (`recorded`).
@@ -12,12 +14,16 @@ in a plain backbone's config (`record`) and apply them again when they load it (
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import torch
+from safetensors import safe_open
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-DECODER_POSITIONS = ("absolute", "none", "offset", "alibi")
+DECODER_POSITIONS = ("absolute", "none", "offset", "alibi", "relative")
 DEFAULTS = {"decoder_positions": "absolute", "decoder_window": 0, "max_position_offset": 64}  # the backbone as is
 ALIBI_ATTENTION = "panm_decoder_alibi"  # the attention implementation's registered name
 
@@ -88,15 +94,27 @@ def alibi_bias(num_heads: int, queries: int, keys: int, device, dtype) -> torch.
     return -(slopes[:, None, None] * distance)[None]  # (1, heads, queries, keys)
 
 
+def relative_bias(table: torch.Tensor, queries: int, keys: int, dtype) -> torch.Tensor:
+    """The learned bias `table[i - j, h]` for query i and key j <= i, the distance capped at the table's last row
+    (keys that far back are masked by the window anyway)."""
+    distance = query_key_distance(queries, keys, table.device).clamp(0, table.shape[0] - 1)  # (queries, keys)
+    bias = table[distance].to(dtype)  # (queries, keys, heads)
+    return bias.permute(2, 0, 1)[None]  # (1, heads, queries, keys)
+
+
 def alibi_attention(module, query, key, value, attention_mask, **kwargs):
     """SDPA with the decoder's self-attention bias on causal self-attention; every other attention is plain SDPA.
 
-    The bias is ALiBi's `-slope_h * distance` (unless `module.alibi` is False: `use_window` alone) and, where
-    `module.window` is set, -inf on keys `window` or more steps back (a sliding window)."""
+    The bias is the learned `relative_attention_bias` where the module has one (`use_relative_bias`), else ALiBi's
+    `-slope_h * distance` (unless `module.alibi` is False: `use_window` alone) and, where `module.window` is set,
+    -inf on keys `window` or more steps back (a sliding window)."""
     if not getattr(module, "is_causal", False):
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     heads, queries, keys = query.shape[1], query.shape[2], key.shape[2]
-    if getattr(module, "alibi", True):
+    table = getattr(module, "relative_attention_bias", None)
+    if table is not None:
+        bias = relative_bias(table.weight, queries, keys, query.dtype)  # (1, heads, queries, keys)
+    elif getattr(module, "alibi", True):
         bias = alibi_bias(heads, queries, keys, query.device, query.dtype)  # (1, heads, queries, keys)
     else:
         bias = query.new_zeros(1, 1, queries, keys)  # (1, 1, queries, keys)
@@ -135,6 +153,51 @@ def use_alibi(model: torch.nn.Module) -> None:
     _register(model)
 
 
+def use_relative_bias(model: torch.nn.Module, window: int) -> None:
+    """Replace the decoder's absolute positions with a learned bias per head and distance inside the window.
+
+    Each causal self-attention gets `relative_attention_bias`, an `nn.Embedding(window, heads)` like T5's (one
+    bucket per distance 0..window-1, starting at zero: the model starts as `none`). Every distance it can hold is
+    seen in training once the training outputs reach `window` tokens, so no step past the training length looks
+    new, and the decoder can tell how far back each token in its window is (a count that ALiBi's fixed slopes and
+    `none` blur). The tables are parameters, saved with the weights; applying it again keeps them.
+    """
+    if window < 1:
+        raise ValueError("decoder_positions='relative' learns a bias per distance inside the decoder's window: set "
+                         f"decoder_window >= 1 (--decoder_window, got {window}).")
+    remove_decoder_positions(model, "relative")
+    for module in _causal_attentions(model):
+        table = getattr(module, "relative_attention_bias", None)
+        if table is None or table.num_embeddings != window:
+            weight = next(module.parameters())
+            module.relative_attention_bias = torch.nn.Embedding(window, module.num_heads, device=weight.device,
+                                                                dtype=weight.dtype)  # (window, heads)
+            torch.nn.init.zeros_(module.relative_attention_bias.weight)
+        module.alibi = False
+    _register(model)
+
+
+def load_relative_bias(model: torch.nn.Module, path: str | os.PathLike) -> None:
+    """Copy the `relative_attention_bias` tables a checkpoint at `path` saved into `model`'s (`use_relative_bias`).
+
+    A plain backbone's class has no such tables, so `AutoModelForSeq2SeqLM.from_pretrained` drops them and
+    `use_relative_bias` makes new ones at zero; this puts the trained ones back. `model` is the backbone, or a PANM
+    model that wraps it under `backbone` (its names are tried with and without that prefix)."""
+    saved = {}
+    for weights in sorted(Path(path).glob("*.safetensors")):
+        with safe_open(weights, framework="pt") as handle:
+            saved.update({key: handle.get_tensor(key) for key in handle.keys() if "relative_attention_bias" in key})
+    for name, table in model.named_parameters():
+        if "relative_attention_bias" not in name:
+            continue
+        key = name if name in saved else name.removeprefix("backbone.")
+        if key not in saved:
+            raise ValueError(f"{path} records decoder_positions='relative' but saves no {key!r}: train the model "
+                             "again, or load it with --decoder_positions none.")
+        with torch.no_grad():
+            table.copy_(saved[key])
+
+
 def use_window(model: torch.nn.Module, window: int) -> None:
     """Limit the decoder's self-attention to the last `window` tokens (the query's own included).
 
@@ -170,6 +233,8 @@ def apply(model: torch.nn.Module, decoder_positions: str, max_offset: int = 64, 
         randomise_decoder_positions(model, max_offset)
     elif decoder_positions == "alibi":
         use_alibi(model)
+    elif decoder_positions == "relative":
+        use_relative_bias(model, window)
     if window:
         use_window(model, window)
 
@@ -180,6 +245,9 @@ def check(decoder_positions: str, window: int, max_offset: int) -> None:
         raise ValueError(f"decoder_positions must be one of {DECODER_POSITIONS} (got {decoder_positions!r}).")
     if window < 0:
         raise ValueError(f"decoder_window must be >= 0 (0: the whole prefix; got {window}).")
+    if decoder_positions == "relative" and window < 1:
+        raise ValueError("decoder_positions='relative' learns a bias per distance inside the decoder's window: set "
+                         f"decoder_window >= 1 (--decoder_window, got {window}).")
     if max_offset < 0:
         raise ValueError(f"max_position_offset must be >= 0 (got {max_offset}).")
 

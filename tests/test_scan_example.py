@@ -252,6 +252,86 @@ def test_decoder_window_limits_what_each_decoder_step_sees_and_keeps_the_cache_e
         decoder_positions.use_window(panm, 0)
 
 
+def test_relative_bias_is_a_learned_score_per_head_and_distance_inside_the_window():
+    torch.manual_seed(0)
+    module = torch.nn.Module()
+    module.is_causal, module.alibi, module.window = True, False, 3
+    module.relative_attention_bias = torch.nn.Embedding(3, 4, dtype=torch.float64)  # (window, heads)
+    query, key, value = (torch.randn(2, 4, 5, 8, dtype=torch.float64) for _ in range(3))  # (batch, heads, steps, d)
+    output, _ = decoder_positions.alibi_attention(module, query, key, value, None, scaling=0.5)  # (2, 5, 4, 8)
+    distance = torch.arange(5)[:, None] - torch.arange(5)  # (steps, steps)
+    table = module.relative_attention_bias.weight.detach()  # (window, heads)
+    bias = table[distance.clamp(0, 2)].permute(2, 0, 1)  # (heads, steps, steps)
+    scores = (query @ key.transpose(-1, -2) * 0.5 + bias).masked_fill((distance < 0) | (distance >= 3), float("-inf"))
+    expected = (scores.softmax(-1) @ value).transpose(1, 2)  # (2, 5, 4, 8)
+    torch.testing.assert_close(output, expected)
+    cached, _ = decoder_positions.alibi_attention(module, query[:, :, 4:], key, value, None, scaling=0.5)
+    torch.testing.assert_close(cached, expected[:, 4:])  # a cached step is the newest position
+    output.sum().backward()
+    assert module.relative_attention_bias.weight.grad.abs().sum() > 0  # the table trains
+
+
+def test_relative_positions_start_as_none_train_and_survive_save_and_load(tmp_path):
+    from conftest import BACKBONES
+
+    from panm_hf import PanmForSeq2SeqLM, PanmMemoryConfig
+    from panm_hf.pipelines.script_conventions import load_pretrained
+    from panm_hf.pipelines.seq2seq import ModelArguments, build_model
+
+    torch.manual_seed(0)
+    blind = AutoModelForSeq2SeqLM.from_config(BACKBONES["bart"]()).eval()
+    model = AutoModelForSeq2SeqLM.from_config(BACKBONES["bart"]()).eval()
+    model.load_state_dict(blind.state_dict())
+    apply_decoder_positions(blind, "none", window=3)
+    apply_decoder_positions(model, "relative", window=3)
+    tables = [m.relative_attention_bias for m in model.get_decoder().modules() if hasattr(m, "relative_attention_bias")]
+    assert len(tables) == len(model.get_decoder().layers) and tables[0].weight.shape == (3, 2)  # (window, heads)
+    source, decoder_inputs = torch.tensor([[5, 6, 7, 2]]), torch.tensor([[2, 7, 8, 9, 10]])
+    torch.testing.assert_close(model(input_ids=source, decoder_input_ids=decoder_inputs).logits,
+                               blind(input_ids=source, decoder_input_ids=decoder_inputs).logits)  # fmt: skip
+    model(input_ids=source, decoder_input_ids=decoder_inputs, labels=decoder_inputs).loss.backward()
+    assert all(table.weight.grad.abs().sum() > 0 for table in tables)
+    with torch.no_grad():
+        for table in tables:
+            table.weight.normal_()
+    trained = model(input_ids=source, decoder_input_ids=decoder_inputs).logits
+    assert not torch.allclose(trained, blind(input_ids=source, decoder_input_ids=decoder_inputs).logits, atol=1e-4)
+
+    # a plain backbone's class drops the tables at load: the examples' loader puts the trained ones back
+    decoder_positions.record(model.config, "relative", 3, 64)
+    model.save_pretrained(tmp_path / "plain")
+    args = ModelArguments(decoder_positions="absolute", decoder_window=0)  # the flags left at their defaults
+    loaded = build_model("transformer", args, PanmMemoryConfig(), str(tmp_path / "plain")).eval()
+    torch.testing.assert_close(loaded(input_ids=source, decoder_input_ids=decoder_inputs).logits, trained)
+    assert torch.equal(load_pretrained("transformer", str(tmp_path / "plain"), {}).get_decoder().layers[0]
+                       .self_attn.k_proj.weight, model.get_decoder().layers[0].self_attn.k_proj.weight)  # fmt: skip
+    wrapped = build_model("panm", ModelArguments(placement="stack"), PanmMemoryConfig(), str(tmp_path / "plain"))
+    kept = [m.relative_attention_bias.weight for m in wrapped.get_decoder().modules()
+            if hasattr(m, "relative_attention_bias")]  # fmt: skip
+    assert all(torch.equal(mine, table.weight) for mine, table in zip(kept, tables, strict=True))  # PANM around it
+
+    panm = PanmForSeq2SeqLM.from_backbone(model, placement="replace", decoder_positions="relative",
+                                          decoder_window=3).eval()  # fmt: skip
+    with torch.no_grad():
+        for name, table in panm.named_parameters():
+            if "relative_attention_bias" in name:
+                table.normal_()
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]])
+    source, decoder_inputs = torch.tensor([[5, 6, 7, 2], [5, 6, 2, 1]]), decoder_inputs.expand(2, -1)
+    expected = panm(input_ids=source, attention_mask=mask, decoder_input_ids=decoder_inputs).logits
+    panm.save_pretrained(tmp_path / "panm")
+    back = PanmForSeq2SeqLM.from_pretrained(tmp_path / "panm").eval()
+    assert (back.config.decoder_positions, back.config.decoder_window) == ("relative", 3)
+    torch.testing.assert_close(back(input_ids=source, attention_mask=mask, decoder_input_ids=decoder_inputs).logits,
+                               expected)  # fmt: skip
+    generated = back.generate(input_ids=source, attention_mask=mask, max_new_tokens=8, do_sample=False,
+                              num_beams=1, forced_eos_token_id=None)  # fmt: skip
+    forced = back(input_ids=source, attention_mask=mask, decoder_input_ids=generated[:, :-1]).logits
+    assert torch.equal(forced.argmax(-1), generated[:, 1:])  # cached steps see the same distances
+    with pytest.raises(ValueError, match="decoder_window >= 1"):
+        apply_decoder_positions(back, "relative", window=0)
+
+
 def test_table_driver_names_runs_and_summarises_seeds(tmp_path):
     args = run_table.parse_arguments(["--output_dir", str(tmp_path), "--designs", "panm_nope", "--seeds", "0",
                                       "--max_steps", "7"])  # fmt: skip

@@ -31,7 +31,7 @@ from transformers import (
 
 from panm_hf import PanmConfig, PanmForSeq2SeqLM, PanmMemoryConfig
 from panm_hf.configuration_panm import LAYER_REPLACING_PLACEMENTS
-from panm_hf.decoder_positions import DECODER_POSITIONS, DEFAULTS, record, recorded
+from panm_hf.decoder_positions import DECODER_POSITIONS, DEFAULTS, load_relative_bias, record, recorded
 from panm_hf.decoder_positions import apply as apply_decoder_positions
 from panm_hf.pipelines.controls import apply_control, validate_control
 from panm_hf.pipelines.script_conventions import gather_from_ranks, load_pretrained
@@ -186,7 +186,8 @@ class ModelArguments:
             "help": "The decoder's position signal, for both models (decoder_positions.py): absolute (the "
             "backbone's own); none (the decoder's absolute positions zeroed and frozen); offset (in training each "
             "sample's decoder positions start at a random offset in [0, --max_position_offset], at 0 in "
-            "evaluation); alibi (none, and ALiBi's distance bias in the decoder's self-attention). All but "
+            "evaluation); alibi (none, and ALiBi's distance bias in the decoder's self-attention); relative (none, "
+            "and a learned bias per head and distance inside --decoder_window, which it needs). All but "
             "absolute need a backbone with absolute positions (bart or marian)."
         },
     )
@@ -349,6 +350,8 @@ def build_model(name: str, model_args: ModelArguments, panm_args: PanmMemoryConf
         if name == "panm":
             apply_control(model, model_args.control)
         use_decoder_signal(model, model_args)
+        if saved_decoder_signal(model)["decoder_positions"] == "relative":  # a plain backbone's tables: dropped
+            load_relative_bias(model, config)
         return model
     # Each model gets its own copy: Trainer sets `model.config.use_cache = False` for training, and
     # on a shared config that flag would reach the next model's generation config.
