@@ -162,9 +162,7 @@ def use_relative_bias(model: torch.nn.Module, window: int) -> None:
     new, and the decoder can tell how far back each token in its window is (a count that ALiBi's fixed slopes and
     `none` blur). The tables are parameters, saved with the weights; applying it again keeps them.
     """
-    if window < 1:
-        raise ValueError("decoder_positions='relative' learns a bias per distance inside the decoder's window: set "
-                         f"decoder_window >= 1 (--decoder_window, got {window}).")
+    check("relative", window, DEFAULTS["max_position_offset"])  # needs a window
     remove_decoder_positions(model, "relative")
     for module in _causal_attentions(model):
         table = getattr(module, "relative_attention_bias", None)

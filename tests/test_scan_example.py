@@ -275,7 +275,6 @@ def test_relative_positions_start_as_none_train_and_survive_save_and_load(tmp_pa
     from conftest import BACKBONES
 
     from panm_hf import PanmForSeq2SeqLM, PanmMemoryConfig
-    from panm_hf.pipelines.script_conventions import load_pretrained
     from panm_hf.pipelines.seq2seq import ModelArguments, build_model
 
     torch.manual_seed(0)
@@ -303,8 +302,6 @@ def test_relative_positions_start_as_none_train_and_survive_save_and_load(tmp_pa
     args = ModelArguments(decoder_positions="absolute", decoder_window=0)  # the flags left at their defaults
     loaded = build_model("transformer", args, PanmMemoryConfig(), str(tmp_path / "plain")).eval()
     torch.testing.assert_close(loaded(input_ids=source, decoder_input_ids=decoder_inputs).logits, trained)
-    assert torch.equal(load_pretrained("transformer", str(tmp_path / "plain"), {}).get_decoder().layers[0]
-                       .self_attn.k_proj.weight, model.get_decoder().layers[0].self_attn.k_proj.weight)  # fmt: skip
     wrapped = build_model("panm", ModelArguments(placement="stack"), PanmMemoryConfig(), str(tmp_path / "plain"))
     kept = [m.relative_attention_bias.weight for m in wrapped.get_decoder().modules()
             if hasattr(m, "relative_attention_bias")]  # fmt: skip
@@ -324,6 +321,9 @@ def test_relative_positions_start_as_none_train_and_survive_save_and_load(tmp_pa
     assert (back.config.decoder_positions, back.config.decoder_window) == ("relative", 3)
     torch.testing.assert_close(back(input_ids=source, attention_mask=mask, decoder_input_ids=decoder_inputs).logits,
                                expected)  # fmt: skip
+    again = build_model("panm", ModelArguments(placement="replace"), PanmMemoryConfig(), str(tmp_path / "panm")).eval()
+    torch.testing.assert_close(again(input_ids=source, attention_mask=mask, decoder_input_ids=decoder_inputs).logits,
+                               expected)  # fmt: skip  # a saved PANM model through the examples' loader
     generated = back.generate(input_ids=source, attention_mask=mask, max_new_tokens=8, do_sample=False,
                               num_beams=1, forced_eos_token_id=None)  # fmt: skip
     forced = back(input_ids=source, attention_mask=mask, decoder_input_ids=generated[:, :-1]).logits
