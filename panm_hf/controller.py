@@ -15,6 +15,10 @@ With ``content_read="controller"`` (the authors' code, beyond the paper's equati
 Controller also attends over ``M`` with its previous state, and the attended value joins the
 GRU input and ``g^o``'s input; the reads then depend on the Controller's state, so the steps
 run one at a time (``attentive_forward``).
+
+With ``controller_cell="lstm"`` (beyond the paper) an ``nn.LSTM`` takes the GRU's place: its additive cell
+state can hold a count that does not saturate (Weiss et al. 2018). Its state ``h^c_t`` is ``[h, c]``
+(``c_0 = 0``), so the cache and beam search carry it as they carry the GRU's; ``g^o`` reads ``h``.
 """
 
 from __future__ import annotations
@@ -82,7 +86,10 @@ class Controller(nn.Module):
         )
         self.content_dropout = nn.Dropout(content_read_dropout_rate(config))
         content_size = memory_dim if self.content_reader is not None else 0
-        self.gru = nn.GRU(read_size + decoder_input_size + content_size, hidden_size, batch_first=True)
+        cell = nn.LSTM if config.controller_cell == "lstm" else nn.GRU
+        self.lstm = self.gru = None  # the one the config names holds the recurrence (its state-dict keys)
+        setattr(self, config.controller_cell, cell(read_size + decoder_input_size + content_size, hidden_size,
+                                                   batch_first=True))  # fmt: skip
         # `mlp_dropout` joins the activation, so the two linears keep their indices (and checkpoints their keys)
         activation = nn.Sequential(nn.ReLU(), nn.Dropout(config.mlp_dropout)) if config.mlp_dropout > 0 else nn.ReLU()
         self.output_mlp = nn.Sequential(
@@ -96,12 +103,33 @@ class Controller(nn.Module):
         call = Call(self.recurrence_kernel, memory_states.device, memory_states.dtype)
         if (pool := fused_op("controller_pool", call)) is not None:  # the masked sum/mean in one kernel each way
             pooled = pool(memory_states, attention_mask, self.init == "mean")
-            return linear(self.initial_state, pooled)  # (batch, hidden)
+            return self._with_cell(linear(self.initial_state, pooled))  # (batch, hidden), [h, c] for an LSTM
         mask = attention_mask.unsqueeze(-1).to(memory_states.dtype)  # (batch, slots, 1)
         pooled = (memory_states * mask).sum(dim=1)  # (batch, dim)
         if self.init == "mean":
             pooled = pooled / mask.sum(dim=1).clamp(min=1.0)
-        return linear(self.initial_state, pooled)  # (batch, hidden)
+        return self._with_cell(linear(self.initial_state, pooled))  # (batch, hidden), [h, c] for an LSTM
+
+    def _with_cell(self, hidden: torch.Tensor) -> torch.Tensor:
+        """`h_0` -> the Controller's state: itself for the GRU, `[h_0, c_0 = 0]` `(batch, 2*hidden)` for the LSTM."""
+        return hidden if self.lstm is None else torch.cat([hidden, torch.zeros_like(hidden)], dim=-1)
+
+    def _lstm(
+        self, inputs: torch.Tensor, hidden: torch.Tensor, step_mask: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The LSTM over `(batch, steps, in)` from `[h, c]` `(batch, 2*hidden)`: `(h per step (batch, steps,
+        hidden), [h, c] after the last step, or after each row's last True step of `step_mask`)`."""
+        h, c = (part.unsqueeze(0).contiguous() for part in hidden.chunk(2, dim=-1))  # (1, batch, hidden) each
+        if step_mask is None:  # one nn.LSTM call over all steps
+            states, (h, c) = self.lstm(inputs, (h, c))  # (batch, steps, hidden), (1, batch, hidden) each
+            return states, torch.cat([h.squeeze(0), c.squeeze(0)], dim=-1)
+        states = []
+        for t in range(inputs.shape[1]):  # causal decoding with padding: a step outside the mask keeps [h, c]
+            state, (new_h, new_c) = self.lstm(inputs[:, t : t + 1], (h, c))  # (batch, 1, hidden), (1, b, hidden)
+            keep = step_mask[:, t].reshape(1, -1, 1)  # (1, batch, 1)
+            h, c = torch.where(keep, new_h, h), torch.where(keep, new_c, c)
+            states.append(state)
+        return torch.cat(states, dim=1), torch.cat([h.squeeze(0), c.squeeze(0)], dim=-1)  # (b, steps, hidden), ...
 
     def _kernel_call(self, inputs: torch.Tensor, hidden: torch.Tensor) -> Call:
         """The GRU call as `panm_hf.kernels.dispatch` sees it."""
@@ -113,6 +141,8 @@ class Controller(nn.Module):
     def fused_unavailable_reason(self, inputs: torch.Tensor, hidden: torch.Tensor) -> str | None:
         """Why the GRU cannot run as one fused kernel on these inputs; None when it can (on CUDA, cuDNN's
         `nn.GRU` is that kernel)."""
+        if self.lstm is not None:
+            return 'controller_cell="lstm" runs as nn.LSTM (the fused kernels are the GRU\'s)'
         return decide("controller_gru", self._kernel_call(inputs, hidden)).reason
 
     @staticmethod
@@ -171,6 +201,11 @@ class Controller(nn.Module):
             columns (batch, steps, output_size) with `undecoded_output`, else None)`.
         """
         batch, steps, rows, inputs, decoder_rows = self._input_rows(reads, decoder_states, hidden)
+        if self.lstm is not None:  # controller_cell="lstm": nn.LSTM; its state carries [h, c]
+            states, last = self._lstm(inputs.reshape(batch, steps, -1), hidden, step_mask)  # (b, steps, hidden), ...
+            state_rows = states.reshape(batch * steps, -1).to(reads.dtype)  # (batch*steps, hidden)
+            outputs, undecoded = self._output([rows, state_rows], decoder_rows, batch, steps)  # (b, steps, out)
+            return outputs, last, undecoded
         kernel = require("controller_gru", self._kernel_call(inputs, hidden), "the Controller GRU here").kernel
         if kernel in ("c", "triton"):  # all steps in one kernel (the C one, or its Triton port)
             gru = self.gru

@@ -18,6 +18,9 @@ from dataclasses import dataclass, field
 
 SCORINGS = ("dot", "cosine")
 CONTROLLER_INITS = ("mean", "sum")
+# The Controller's recurrent cell: the paper's GRU, or an LSTM (beyond the paper: its additive cell state can count
+# steps without saturating, Weiss et al. 2018); an LSTM carries `[h, c]` as its state.
+CONTROLLER_CELLS = ("gru", "lstm")
 POINTER_UPDATES = ("attention", "shift")
 SHIFT_INITS = ("uniform", "walk")
 CONTENT_READS = ("none", "decoder", "controller")
@@ -66,6 +69,11 @@ class PanmMemoryConfig:
             (the paper's text, one hidden layer of `mlp_hidden_size`) or `"linear"` (the authors' code,
             an affine map of the bits, so with `scoring="dot"` a score is linear in each bit); compared in
             docs/results/design_choices.md.
+        controller_cell (`str`, *optional*, defaults to `"gru"`):
+            the Controller's recurrence: `"gru"` (the paper) or `"lstm"` (beyond the paper: an LSTM, whose
+            additive cell state can hold a count past the lengths seen in training, Weiss et al. 2018). The LSTM's
+            state `h^c_t` is `[h, c]`, twice `controller_hidden_size` wide, `c_0 = 0`; it runs as `nn.LSTM`
+            (no fused kernel: `recurrence_kernel` "auto" or "eager"), with `content_read` "none" or "decoder".
         controller_init (`str`, *optional*, defaults to `"mean"`):
             `h^c_0` from a projected `"mean"` of the real memory slots, or the paper's `"sum"`.
         pointer_update (`str`, *optional*, defaults to `"attention"`):
@@ -171,6 +179,11 @@ class PanmMemoryConfig:
             "help": "PANM g^a, address code -> key: mlp (the paper's text) or linear (the authors' code).",
             "choices": ADDRESS_KEYS,
         },
+    )
+    controller_cell: str = field(
+        default="gru",
+        metadata={"help": "PANM Controller recurrence: gru (the paper) or lstm (beyond the paper).",
+                  "choices": CONTROLLER_CELLS},
     )
     controller_init: str = field(
         default="mean",
@@ -301,6 +314,7 @@ CHOICES = {
     "scoring": (SCORINGS, ""),
     "address_key": (ADDRESS_KEYS, ' ("mlp" is the paper\'s g^a, "linear" the authors\' code)'),
     "controller_init": (CONTROLLER_INITS, ""),
+    "controller_cell": (CONTROLLER_CELLS, ' ("gru" is the paper\'s Controller)'),
     "pointer_update": (POINTER_UPDATES, ' ("attention" is the paper\'s Pointer Unit)'),
     "shift_init": (SHIFT_INITS, ' ("uniform" starts with no preferred step)'),
     "content_read": (CONTENT_READS, ' ("none" is the paper\'s equations)'),
@@ -329,6 +343,16 @@ CONFLICTS = (
         lambda c: c.recurrence_kernel in FORCED_KERNELS and c.content_read == "controller",
         lambda c: f'recurrence_kernel="{c.recurrence_kernel}" cannot run content_read="controller": '
         f'{CONTROLLER_READ_STEPS}; use recurrence_kernel="auto" or "eager".',
+    ),
+    (
+        lambda c: c.controller_cell == "lstm" and c.recurrence_kernel in FORCED_KERNELS,
+        lambda c: f'recurrence_kernel="{c.recurrence_kernel}" fuses the Controller GRU, and controller_cell is '
+        '"lstm" (run by nn.LSTM); use recurrence_kernel="auto" or "eager", or controller_cell="gru".',
+    ),
+    (
+        lambda c: c.controller_cell == "lstm" and c.content_read == "controller",
+        lambda c: 'content_read="controller" steps the Controller GRU itself, and controller_cell is "lstm"; set '
+        'content_read="decoder" or "none", or controller_cell="gru".',
     ),
     (
         lambda c: c.recurrence_kernel == "triton" and importlib.util.find_spec("triton") is None,
@@ -363,7 +387,7 @@ CONFLICTS = (
 )
 
 __all__ = [
-    "ADDRESS_KEYS", "CONTENT_READS", "CONTROLLER_INITS", "RECURRENCE_KERNELS", "POINTER_UPDATES", "SCORINGS",
-    "SHIFT_INITS",
+    "ADDRESS_KEYS", "CONTENT_READS", "CONTROLLER_CELLS", "CONTROLLER_INITS", "RECURRENCE_KERNELS", "POINTER_UPDATES",
+    "SCORINGS", "SHIFT_INITS",
     "PanmMemoryConfig",
 ]  # fmt: skip
