@@ -143,10 +143,10 @@ def test_an_old_flat_config_json_loads_unchanged(tmp_path):
     assert isinstance(config, PanmConfig) and config.text_config.model_type == "bert"
     # fields added after that file was written (recurrence_kernel, panm_drop_path, address_key, shift_init,
     # output_decoder_input, output_decoder_drop_path, mlp_dropout, reads_dropout, content_read_dropout,
-    # content_read_keys, controller_cell) take their defaults; address_key's default is the MLP every earlier checkpoint was trained
-    # with, output_decoder_input's the paper's g^o that every earlier checkpoint has, the two dropouts' None the
-    # panm_dropout on every read that every earlier checkpoint had, content_read_keys' the memory-keyed read,
-    # controller_cell's the GRU
+    # content_read_keys, controller_cell) take their defaults; address_key's default is the MLP every earlier
+    # checkpoint was trained with, output_decoder_input's the paper's g^o that every earlier checkpoint has, the two
+    # dropouts' None the panm_dropout on every read that every earlier checkpoint had, content_read_keys' the
+    # memory-keyed read, controller_cell's the GRU
     expected = {f.name: OLD_CONFIG_JSON.get(f.name, f.default) for f in MEMORY_FIELDS}
     assert set(expected) - set(OLD_CONFIG_JSON) == {
         "recurrence_kernel", "panm_drop_path", "address_key", "shift_init", "output_decoder_input",

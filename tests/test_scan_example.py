@@ -646,6 +646,26 @@ def test_composition_pairs_clauses_by_length_in_output_order():
         composition.pair_key("look and walk", actions)
 
 
+def test_composition_splits_the_partner_after_the_longest_clause_by_whether_it_repeats_its_actions():
+    import composition
+
+    around = " ".join(["I_TURN_RIGHT I_WALK"] * 12)  # `walk around right thrice`, 24 actions
+    actions = {"walk around right thrice": around, "walk around right": " ".join(["I_TURN_RIGHT I_WALK"] * 4),
+               "walk right": "I_TURN_RIGHT I_WALK", "jump twice": "I_JUMP I_JUMP", "walk": "I_WALK"}  # fmt: skip
+    commands = ["walk around right thrice and walk around right", "walk right after walk around right thrice",
+                "walk around right thrice and jump twice", "jump twice and walk around right thrice",
+                "walk around right thrice", "walk and walk right"]  # fmt: skip
+    groups = [composition.partner(c, actions) for c in commands]
+    assert groups == ["repeat", "repeat", "differ", None, None, None]  # `after` writes its second clause first
+    targets = [f"{around} {actions[partner]}" for partner in ("walk around right", "walk right", "jump twice")]
+    targets += ["I_WALK"] * 3
+    predictions = [around, targets[1], targets[2], "I_WALK", "I_WALK", "I_WALK"]
+    rows = composition.after_longest(groups, predictions, targets)
+    assert rows["repeat"] == {"count": 2, "correct": 50.0, "early": 50.0, "late": 0.0, "content": 0.0}
+    assert rows["differ"]["correct"] == 100.0 and rows["differ"]["count"] == 1
+    assert composition.after_longest([None], None, ["I_WALK"]) == {"repeat": {"count": 0}, "differ": {"count": 0}}
+
+
 @needs_data
 def test_composition_finds_every_longer_output_composed_from_l25_on(tmp_path):
     import composition
@@ -657,3 +677,7 @@ def test_composition_finds_every_longer_output_composed_from_l25_on(tmp_path):
         assert sum(cell["count"] for cell in row["pairs"].values()) == row["num_test"]
         assert all(sum(int(n) for n in key.split("+")) > cutoff for key in row["pairs"])  # longer than L
     assert row["pairs"]["24+2"] == {"count": 256}  # L = 25: `around ... thrice`, then a two-action clause
+    (tmp_path / "results.json").write_text(json.dumps({"cutoff": 26, "results": {}}))
+    (row,) = composition.main([str(tmp_path), "--data_dir", str(DATA_DIR), "--no_model"])
+    longest = sum(cell["count"] for key, cell in row["pairs"].items() if key.startswith("24+"))
+    assert row["after_longest"] == {"repeat": {"count": 240}, "differ": {"count": 1040}} and longest == 1280

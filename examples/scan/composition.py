@@ -19,6 +19,11 @@ failure; on the other two, the model must also compose a clause it never saw com
 single clause). Every longer output pairs two clauses longer together than training ever did; the cells say
 which pairings a run fails.
 
+`after_longest` splits the commands whose first written clause is SCAN's longest (`<action> around
+<direction> thrice`, 24 actions) by their partner: **repeat** when the partner writes only actions the
+clause writes (`walk around right thrice and walk around right`: no token marks where one ends and the other
+begins, so a decoder that sees only its last tokens cannot count the partner), **differ** otherwise.
+
     python examples/scan/composition.py runs/scan/panm_one_design_ek_L24_s0 --data_dir ../shared/data/scan \
         --output composition.json
 """
@@ -33,6 +38,8 @@ from pathlib import Path
 from panm_hf.pipelines.scan_data import TASKS_FILE, ScanSplit, load_cutoff_split, score
 
 CLASSES = ("composed", "alone only", "unseen")
+LONGEST_CLAUSE = 24  # actions of SCAN's longest clause, `<action> around <direction> thrice`
+PARTNERS = ("repeat", "differ")  # `after_longest`'s groups
 CONJUNCTION = re.compile(r" (?:and|after) ")
 
 
@@ -57,6 +64,15 @@ def pair_key(command: str, actions: dict[str, int]) -> str:
             f"full {TASKS_FILE} in --data_dir."
         )
     return "+".join(str(actions[part]) for part in parts)
+
+
+def partner(command: str, actions: dict[str, str]) -> str | None:
+    """For a command whose first written clause has LONGEST_CLAUSE actions, "repeat" when the second writes only
+    actions the first writes, else "differ"; None for any other command (`actions`: a clause's actions)."""
+    parts = output_order(command)
+    if len(parts) != 2 or len(actions[parts[0]].split()) != LONGEST_CLAUSE:
+        return None
+    return "repeat" if set(actions[parts[1]].split()) <= set(actions[parts[0]].split()) else "differ"
 
 
 def classify(commands: list[str], training: list[str]) -> list[str]:
@@ -104,6 +120,17 @@ def pairs(keys: list[str], predictions: list[str] | None, targets: list[str]) ->
     return rows
 
 
+def after_longest(groups: list[str | None], predictions: list[str] | None, targets: list[str]) -> dict:
+    """Per `partner` group, count and, with predictions, `score`'s EOS diagnosis (% of the group)."""
+    rows = {}
+    for name in PARTNERS:
+        chosen = [i for i, group in enumerate(groups) if group == name]
+        rows[name] = {"count": len(chosen)}
+        if predictions is not None and chosen:
+            rows[name].update(diagnosis(chosen, predictions, targets))
+    return rows
+
+
 def analyse(run_dir: Path, data_dir: Path, use_model: bool) -> dict:
     path = run_dir / "results.json"
     if not path.is_file():
@@ -119,11 +146,13 @@ def analyse(run_dir: Path, data_dir: Path, use_model: bool) -> dict:
         predictions = decode(model, tokenizer, test.commands, None)
     # the three sets hold every command of the tasks file, and every clause of SCAN is a command of its own
     splits = (train, heldout, test)
-    actions = {c: len(a.split()) for split in splits for c, a in zip(split.commands, split.actions)}
-    keys = [pair_key(command, actions) for command in test.commands]
+    texts = {c: a for split in splits for c, a in zip(split.commands, split.actions)}
+    keys = [pair_key(command, {c: len(a.split()) for c, a in texts.items()}) for command in test.commands]
+    groups = [partner(command, texts) for command in test.commands]  # pair_key checked every clause is there
     return {"run": run_dir.name, "cutoff": summary["cutoff"], "num_test": len(test.commands),
             "classes": breakdown(classes, predictions, test.actions),
-            "pairs": pairs(keys, predictions, test.actions)}  # fmt: skip
+            "pairs": pairs(keys, predictions, test.actions),
+            "after_longest": after_longest(groups, predictions, test.actions)}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -143,6 +172,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
         scored = [(key, cell) for key, cell in row["pairs"].items() if "correct" in cell]
         if scored:  # the pairings, as `first+second count right/early`
             print("  pairs: " + "; ".join(f"{k} ({c['count']}) {c['correct']:.1f}/{c['early']:.1f}" for k, c in scored))
+        scored = [(key, cell) for key, cell in row["after_longest"].items() if "correct" in cell]
+        if scored:  # the partner after the 24-action clause, repeating its actions or not
+            print(f"  after a {LONGEST_CLAUSE}-action clause: "
+                  + "; ".join(f"{k} ({c['count']}) {c['correct']:.1f}/{c['early']:.1f}" for k, c in scored))
     if args.output is not None:
         args.output.write_text(json.dumps(rows, indent=2))
     return rows
