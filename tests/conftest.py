@@ -101,6 +101,30 @@ def tiny_memory(**kwargs):
     return PanmMemory(config, **sizes).eval()
 
 
+def tiny_replace_seq2seq(**panm):
+    """A seeded `PanmForSeq2SeqLM` on a tiny BART, the Controller in place of the last decoder layer, 8-wide PANM
+    (`panm` sets more `PanmConfig` fields), and a padded batch: `(model, source, mask, labels)`."""
+    from panm_hf import PanmConfig, PanmForSeq2SeqLM
+
+    torch.manual_seed(0)
+    config = PanmConfig(text_config=BACKBONES["bart"]().to_dict(), placement="replace", pointer_hidden_size=8,
+                        controller_hidden_size=8, mlp_hidden_size=8, **panm)  # fmt: skip
+    source = torch.tensor([[5, 6, 7, 2], [5, 6, 2, 1]])
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]])
+    labels = torch.tensor([[7, 8, 9, 2], [9, 8, 2, -100]])
+    return PanmForSeq2SeqLM(config), source, mask, labels
+
+
+def greedy_matching_teacher_forcing(model, source, mask, steps: int) -> torch.Tensor:
+    """Greedy `generate` for exactly `steps` new tokens with the cache, checked against the teacher-forced argmax of
+    the same model on its own output (a cached step that diverged would fail); returns the generated ids."""
+    generated = model.generate(input_ids=source, attention_mask=mask, max_new_tokens=steps, min_new_tokens=steps,
+                               do_sample=False, num_beams=1, forced_eos_token_id=None)  # fmt: skip
+    forced = model(input_ids=source, attention_mask=mask, decoder_input_ids=generated[:, :-1]).logits
+    assert torch.equal(forced.argmax(-1), generated[:, 1:])
+    return generated
+
+
 def make_inputs(batch_size: int = 2, src_len: int = 7, tgt_len: int = 5, seed: int = 0):
     generator = torch.Generator().manual_seed(seed)
     input_ids = torch.randint(4, VOCAB, (batch_size, src_len), generator=generator)

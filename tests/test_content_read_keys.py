@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import BACKBONES
+from conftest import greedy_matching_teacher_forcing, tiny_replace_seq2seq
 
-from panm_hf import PanmConfig, PanmForSeq2SeqLM, PanmMemoryConfig
+from panm_hf import PanmForSeq2SeqLM, PanmMemoryConfig
 from panm_hf.addressing import binary_codes
 from panm_hf.reads import DecoderContentReader
 
@@ -67,21 +67,11 @@ def test_bad_uses_raise_by_name():
 
 
 def test_seq2seq_model_with_end_distance_keys_trains_generates_and_round_trips(tmp_path):
-    torch.manual_seed(0)
-    config = PanmConfig(text_config=BACKBONES["bart"]().to_dict(), placement="replace", content_read="decoder",
-                        content_read_keys="end_distance", pointer_hidden_size=8, controller_hidden_size=8,
-                        mlp_hidden_size=8)  # fmt: skip
-    model = PanmForSeq2SeqLM(config)
-    source = torch.tensor([[5, 6, 7, 2], [5, 6, 2, 1]])
-    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]])
-    labels = torch.tensor([[7, 8, 9, 2], [9, 8, 2, -100]])
+    model, source, mask, labels = tiny_replace_seq2seq(content_read="decoder", content_read_keys="end_distance")
     model(input_ids=source, attention_mask=mask, labels=labels).loss.backward()
     assert model.panm.content_reader.end_distance_key.weight.grad.abs().sum() > 0
     model.eval()
-    generated = model.generate(input_ids=source, attention_mask=mask, max_new_tokens=5, do_sample=False,
-                               num_beams=1, forced_eos_token_id=None)  # fmt: skip
-    forced = model(input_ids=source, attention_mask=mask, decoder_input_ids=generated[:, :-1]).logits
-    assert torch.equal(forced.argmax(-1), generated[:, 1:])  # cached steps read with the same keys
+    generated = greedy_matching_teacher_forcing(model, source, mask, 5)  # cached steps read with the same keys
     calls = []
     hook = model.panm.content_reader.end_distance_key.register_forward_hook(lambda *args: calls.append(1))
     beams = model.generate(input_ids=source, attention_mask=mask, max_new_tokens=5, do_sample=False, num_beams=3,

@@ -2,9 +2,9 @@
 
 import pytest
 import torch
-from conftest import BACKBONES, tiny_memory
+from conftest import greedy_matching_teacher_forcing, tiny_memory, tiny_replace_seq2seq
 
-from panm_hf import PanmConfig, PanmForSeq2SeqLM, PanmMemoryConfig
+from panm_hf import PanmForSeq2SeqLM, PanmMemoryConfig
 
 
 def written_out(memory, states, decoder, mask):
@@ -42,19 +42,10 @@ def test_lstm_controller_is_an_lstm_from_h0_and_zero_cell_and_g_o_reads_h():
     assert not torch.allclose(gru(states, decoder, attention_mask=mask).hidden_states, full.hidden_states)
 
 
-def test_lstm_controller_step_by_step_equals_all_steps_and_gets_gradients():
-    memory = tiny_memory(controller_cell="lstm")
+def test_lstm_controller_gets_gradients_in_every_parameter():  # step-by-step decoding: tests/test_memory.py
+    memory = tiny_memory(controller_cell="lstm").train()
     states, decoder = torch.randn(2, 6, 8), torch.randn(2, 5, 6)
     mask = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 0, 0, 0]])
-    full = memory(states, decoder, attention_mask=mask)
-    bound, state, outputs = memory.bind(states, mask), None, []
-    for t in range(5):
-        step = memory(bound, decoder[:, t : t + 1], state=state)
-        state = step.state
-        outputs.append(step.hidden_states)
-    torch.testing.assert_close(torch.cat(outputs, dim=1), full.hidden_states)
-    torch.testing.assert_close(state.controller_hidden, full.state.controller_hidden)
-    memory.train()
     memory(states, decoder, attention_mask=mask).hidden_states.square().sum().backward()
     for name, parameter in memory.controller.lstm.named_parameters():
         assert parameter.grad is not None and parameter.grad.abs().sum() > 0, name
@@ -88,21 +79,11 @@ def test_controller_cell_errors_name_the_field_and_the_fix(kwargs, message):
 
 
 def test_seq2seq_model_with_an_lstm_controller_generates_with_cache_and_beams_and_round_trips(tmp_path):
-    torch.manual_seed(0)
-    config = PanmConfig(text_config=BACKBONES["bart"]().to_dict(), placement="replace", controller_cell="lstm",
-                        content_read="decoder", pointer_hidden_size=8, controller_hidden_size=8,
-                        mlp_hidden_size=8)  # fmt: skip
-    model = PanmForSeq2SeqLM(config)
-    source = torch.tensor([[5, 6, 7, 2], [5, 6, 2, 1]])
-    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]])
-    labels = torch.tensor([[7, 8, 9, 2], [9, 8, 2, -100]])
+    model, source, mask, labels = tiny_replace_seq2seq(controller_cell="lstm", content_read="decoder")
     model(input_ids=source, attention_mask=mask, labels=labels).loss.backward()
     assert model.panm.controller.lstm.weight_hh_l0.grad.abs().sum() > 0
     model.eval()
-    generated = model.generate(input_ids=source, attention_mask=mask, max_new_tokens=6, do_sample=False,
-                               num_beams=1, forced_eos_token_id=None, min_new_tokens=6)  # fmt: skip
-    forced = model(input_ids=source, attention_mask=mask, decoder_input_ids=generated[:, :-1]).logits
-    assert torch.equal(forced.argmax(-1), generated[:, 1:])  # the cached [h, c] continues the recurrence
+    generated = greedy_matching_teacher_forcing(model, source, mask, 6)  # the cached [h, c] continues the recurrence
     beams = model.generate(input_ids=source, attention_mask=mask, max_new_tokens=6, do_sample=False, num_beams=3,
                            forced_eos_token_id=None, min_new_tokens=6)  # fmt: skip
     assert beams.shape == (2, 7)

@@ -51,8 +51,9 @@ def test_batch_independence():
         assert torch.allclose(batched.hidden_states[i], single.hidden_states[0], atol=1e-5)
 
 
-def test_step_by_step_equals_all_steps_at_once():
-    memory = tiny()
+@pytest.mark.parametrize("controller_cell", ["gru", "lstm"])
+def test_step_by_step_equals_all_steps_at_once(controller_cell):
+    memory = tiny(controller_cell=controller_cell)
     states, decoder = torch.randn(2, 6, 8), torch.randn(2, 5, 6)
     mask = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 0, 0, 0]])
     full = memory(states, decoder, attention_mask=mask)
