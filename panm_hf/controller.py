@@ -86,10 +86,10 @@ class Controller(nn.Module):
         )
         self.content_dropout = nn.Dropout(content_read_dropout_rate(config))
         content_size = memory_dim if self.content_reader is not None else 0
-        cell = nn.LSTM if config.controller_cell == "lstm" else nn.GRU
-        self.lstm = self.gru = None  # the one the config names holds the recurrence (its state-dict keys)
-        setattr(self, config.controller_cell, cell(read_size + decoder_input_size + content_size, hidden_size,
-                                                   batch_first=True))  # fmt: skip
+        input_size = read_size + decoder_input_size + content_size
+        # the cell the config names, the other None (its state-dict keys: `gru.*` or `lstm.*`)
+        self.gru = nn.GRU(input_size, hidden_size, batch_first=True) if config.controller_cell == "gru" else None
+        self.lstm = nn.LSTM(input_size, hidden_size, batch_first=True) if config.controller_cell == "lstm" else None
         # `mlp_dropout` joins the activation, so the two linears keep their indices (and checkpoints their keys)
         activation = nn.Sequential(nn.ReLU(), nn.Dropout(config.mlp_dropout)) if config.mlp_dropout > 0 else nn.ReLU()
         self.output_mlp = nn.Sequential(

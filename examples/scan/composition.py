@@ -95,15 +95,20 @@ def diagnosis(chosen: list[int], predictions: list[str], targets: list[str]) -> 
     return score([predictions[i] for i in chosen], split)["eos_diagnosis"]
 
 
+def cell(chosen: list[int], predictions: list[str] | None, targets: list[str]) -> dict:
+    """The chosen outputs' count and, with predictions, `score`'s EOS diagnosis (% of them)."""
+    row = {"count": len(chosen)}
+    if predictions is not None and chosen:  # the run's own EOS diagnosis, on these outputs alone
+        row.update(diagnosis(chosen, predictions, targets))
+    return row
+
+
 def breakdown(classes: list[str], predictions: list[str] | None, targets: list[str]) -> dict:
-    """Per class: count, share of the test set (%), and with predictions `score`'s EOS diagnosis (% of the class)."""
+    """Per class: `cell` and the class's share of the test set (%)."""
     rows = {}
     for name in CLASSES:
         chosen = [i for i, c in enumerate(classes) if c == name]
-        row = {"count": len(chosen), "share": 100.0 * len(chosen) / max(len(classes), 1)}
-        if predictions is not None and chosen:  # the run's own EOS diagnosis, on this class alone
-            row.update(diagnosis(chosen, predictions, targets))
-        rows[name] = row
+        rows[name] = {**cell(chosen, predictions, targets), "share": 100.0 * len(chosen) / max(len(classes), 1)}
     return rows
 
 
@@ -112,23 +117,13 @@ def pairs(keys: list[str], predictions: list[str] | None, targets: list[str]) ->
     groups: dict[str, list[int]] = {}
     for index, key in enumerate(keys):
         groups.setdefault(key, []).append(index)
-    rows = {}
-    for key in sorted(groups, key=lambda k: [int(n) for n in k.split("+")]):
-        rows[key] = {"count": len(groups[key])}
-        if predictions is not None:
-            rows[key].update(diagnosis(groups[key], predictions, targets))
-    return rows
+    order = sorted(groups, key=lambda k: [int(n) for n in k.split("+")])
+    return {key: cell(groups[key], predictions, targets) for key in order}
 
 
 def after_longest(groups: list[str | None], predictions: list[str] | None, targets: list[str]) -> dict:
-    """Per `partner` group, count and, with predictions, `score`'s EOS diagnosis (% of the group)."""
-    rows = {}
-    for name in PARTNERS:
-        chosen = [i for i, group in enumerate(groups) if group == name]
-        rows[name] = {"count": len(chosen)}
-        if predictions is not None and chosen:
-            rows[name].update(diagnosis(chosen, predictions, targets))
-    return rows
+    """Per `partner` group, its `cell`."""
+    return {name: cell([i for i, g in enumerate(groups) if g == name], predictions, targets) for name in PARTNERS}
 
 
 def analyse(run_dir: Path, data_dir: Path, use_model: bool) -> dict:
@@ -147,7 +142,8 @@ def analyse(run_dir: Path, data_dir: Path, use_model: bool) -> dict:
     # the three sets hold every command of the tasks file, and every clause of SCAN is a command of its own
     splits = (train, heldout, test)
     texts = {c: a for split in splits for c, a in zip(split.commands, split.actions)}
-    keys = [pair_key(command, {c: len(a.split()) for c, a in texts.items()}) for command in test.commands]
+    counts = {c: len(a.split()) for c, a in texts.items()}
+    keys = [pair_key(command, counts) for command in test.commands]
     groups = [partner(command, texts) for command in test.commands]  # pair_key checked every clause is there
     return {"run": run_dir.name, "cutoff": summary["cutoff"], "num_test": len(test.commands),
             "classes": breakdown(classes, predictions, test.actions),
