@@ -165,13 +165,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
             scored = f", right {values['correct']:.1f}, early {values['early']:.1f}" if "correct" in values else ""
             parts.append(f"{name} {values['share']:.1f}% ({values['count']}{scored})")
         print(f"{row['run']} (L = {row['cutoff']}): " + "; ".join(parts))
-        scored = [(key, cell) for key, cell in row["pairs"].items() if "correct" in cell]
-        if scored:  # the pairings, as `first+second count right/early`
-            print("  pairs: " + "; ".join(f"{k} ({c['count']}) {c['correct']:.1f}/{c['early']:.1f}" for k, c in scored))
-        scored = [(key, cell) for key, cell in row["after_longest"].items() if "correct" in cell]
-        if scored:  # the partner after the 24-action clause, repeating its actions or not
-            print(f"  after a {LONGEST_CLAUSE}-action clause: "
-                  + "; ".join(f"{k} ({c['count']}) {c['correct']:.1f}/{c['early']:.1f}" for k, c in scored))
+        # the pairings (`first+second`) and the partner after the 24-action clause, as `key (count) right/early`
+        groups = {"pairs": row["pairs"], f"after a {LONGEST_CLAUSE}-action clause": row["after_longest"]}
+        for label, cells in groups.items():
+            scored = [f"{k} ({c['count']}) {c['correct']:.1f}/{c['early']:.1f}" for k, c in cells.items()
+                      if "correct" in c]  # fmt: skip
+            if scored:
+                print(f"  {label}: " + "; ".join(scored))
     if args.output is not None:
         args.output.write_text(json.dumps(rows, indent=2))
     return rows
