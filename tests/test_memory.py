@@ -328,9 +328,12 @@ def test_controller_content_read_follows_the_controller_state_and_keeps_principl
     assert grad is None
 
 
-@pytest.mark.parametrize("decoder_input_size", [6, 0])
-def test_controller_content_read_step_by_step_equals_all_steps_at_once(decoder_input_size):
-    memory = tiny(content_read="controller", decoder_input_size=decoder_input_size)
+@pytest.mark.parametrize("decoder_input_size,output_decoder_input", [(6, False), (0, False), (6, True)])
+def test_controller_content_read_step_by_step_equals_all_steps_at_once(decoder_input_size, output_decoder_input):
+    # (6, True): g^o reads z_t too, as in the one design with the Controller's read (scan_diagnosis.md, point 26)
+    memory = tiny(content_read="controller", decoder_input_size=decoder_input_size,
+                  output_decoder_input=output_decoder_input)  # fmt: skip
+    assert memory.controller.output_reads_decoder == output_decoder_input
     states = torch.randn(2, 6, 8)
     decoder = torch.randn(2, 5, 6) if decoder_input_size else None
     mask = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 0, 0, 0]])
