@@ -90,6 +90,11 @@ class PanmConfig(PreTrainedConfig, PanmMemoryConfig):
             which transformers does not save; the model applies them from this config when built or loaded.
         max_position_offset (`int`, *optional*, defaults to 64):
             the largest random offset of `decoder_positions="offset"`.
+        input_feeding (`bool`, *optional*, defaults to `False`):
+            beyond the paper, `PanmForSeq2SeqLM` only: the decoder's input at step `t` is its token's embedding
+            plus a learned projection (zero at first) of the Controller's state `h^c_{t-1}`, as Luong et al.'s
+            input feeding does with the attention output. The decoder then runs one token at a time in training
+            too (`input_feeding.py`).
         **kwargs: the `PanmMemoryConfig` fields and `PreTrainedConfig`'s arguments.
     """
 
@@ -103,6 +108,7 @@ class PanmConfig(PreTrainedConfig, PanmMemoryConfig):
     decoder_positions: str = "absolute"
     decoder_window: int = 0
     max_position_offset: int = 64
+    input_feeding: bool = False
     pad_token_id: int | None = None
     bos_token_id: int | None = None
     eos_token_id: int | list[int] | None = None
@@ -149,6 +155,8 @@ class PanmConfig(PreTrainedConfig, PanmMemoryConfig):
                 'the end-of-sequence logit from what the LM head reads, "panm": from PANM\'s output alone).'
             )
         check_decoder_positions(self.decoder_positions, self.decoder_window, self.max_position_offset)
+        if not isinstance(self.input_feeding, bool):
+            raise ValueError(f"input_feeding must be True or False (got {self.input_feeding!r}).")
         if self.eos_decision == "panm" and self.eos_token_id is None:
             raise ValueError(
                 'eos_decision="panm" needs eos_token_id (the logit PANM decides): set it on the config or on its '

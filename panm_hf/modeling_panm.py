@@ -31,6 +31,7 @@ from .cache_panm import BACKBONE_CACHE_KWARG, PanmCache, pop_cache_argument
 from .configuration_panm import PanmConfig
 from .decoder_positions import DEFAULTS as DECODER_DEFAULTS
 from .decoder_positions import apply as apply_decoder_positions
+from .input_feeding import InputFeed, fed_decode
 from .memory import PanmMemory, PanmMemoryOutput
 from .state import PanmState
 
@@ -73,6 +74,7 @@ class PanmPreTrainedModel(PreTrainedModel):
     # Whether the head reads `config.eos_decision` (the seq2seq and causal LMs); the QA head accepts "shared" only.
     reads_eos_decision = False
     takes_decoder_signal = False  # decoder_positions and decoder_window: PanmForSeq2SeqLM sets it
+    takes_input_feeding = False  # input_feeding: PanmForSeq2SeqLM sets it
 
     def __init__(self, config: PanmConfig, *inputs, **kwargs):
         super().__init__(config, *inputs, **kwargs)
@@ -80,6 +82,11 @@ class PanmPreTrainedModel(PreTrainedModel):
             raise ValueError(
                 f'{type(self).__name__} accepts eos_decision="shared" only (got {config.eos_decision!r}): PANM '
                 "deciding the end-of-sequence logit is an option of PanmForSeq2SeqLM and PanmForCausalLM."
+            )
+        if config.input_feeding and not self.takes_input_feeding:
+            raise ValueError(
+                f"{type(self).__name__} has no decoder input to feed (got input_feeding=True): input_feeding is an "
+                "option of PanmForSeq2SeqLM; leave it False."
             )
         signal = (config.decoder_positions, config.decoder_window)
         plain = (DECODER_DEFAULTS["decoder_positions"], DECODER_DEFAULTS["decoder_window"])
@@ -330,6 +337,7 @@ class PanmForSeq2SeqLM(PanmPreTrainedModel, GenerationMixin):
 
     reads_eos_decision = True
     takes_decoder_signal = True  # decoder_positions, decoder_window
+    takes_input_feeding = True
 
     def __init__(self, config: PanmConfig, backbone: PreTrainedModel | None = None):
         super().__init__(config)
@@ -359,8 +367,15 @@ class PanmForSeq2SeqLM(PanmPreTrainedModel, GenerationMixin):
         )
         # placement="residual": the Controller's output joins z_t as a post-LN Transformer sublayer.
         self.output_norm = nn.LayerNorm(decoder_dim) if config.placement == "residual" else None
+        # input_feeding: h^c_{t-1} into the decoder's input at step t (input_feeding.py), zero at first
+        self.input_feed = InputFeed(config.controller_hidden_size, decoder_dim) if config.input_feeding else None
         self.post_init()
         self._after_load()  # after post_init, which would initialise zeroed positions again
+
+    def _init_weights(self, module: nn.Module) -> None:
+        super()._init_weights(module)
+        if self.input_feed is not None and module is self.input_feed.projection:  # the feed starts at zero
+            nn.init.zeros_(module.weight)
 
     def _zero_init_module(self) -> nn.Module | None:
         # g^o's last layer: zero in "stack" placement so the residual starts at exactly 0.
@@ -465,21 +480,27 @@ class PanmForSeq2SeqLM(PanmPreTrainedModel, GenerationMixin):
 
         past_key_values = pop_cache_argument(past_key_values, kwargs)
         cache = PanmCache.from_cache(past_key_values) if use_cache else None
-        past_length = cache.get_seq_length() if cache is not None else 0
-        decoder_outputs = self.get_decoder()(
-            input_ids=decoder_input_ids,
-            attention_mask=decoder_attention_mask,
-            encoder_hidden_states=cross_states,
-            encoder_attention_mask=attention_mask,
-            inputs_embeds=decoder_inputs_embeds,
-            **{BACKBONE_CACHE_KWARG: cache},
-            use_cache=use_cache,
-            **extra,
-        )
-        decoder_states = decoder_outputs.last_hidden_state  # (batch, tgt_len, decoder_dim) = z_t
-        panm_output = self._panm(
-            memory_states, attention_mask, decoder_states, cache, past_length, base_address, output_attentions
-        )
+        if self.input_feed is not None:  # the decoder one token at a time, h^c_{t-1} in its input
+            decoder_states, decoder_outputs, panm_output = fed_decode(
+                self, decoder_input_ids, decoder_inputs_embeds, decoder_attention_mask, cross_states, memory_states,
+                attention_mask, cache, base_address, output_attentions, extra,
+            )  # fmt: skip
+        else:
+            past_length = cache.get_seq_length() if cache is not None else 0
+            decoder_outputs = self.get_decoder()(
+                input_ids=decoder_input_ids,
+                attention_mask=decoder_attention_mask,
+                encoder_hidden_states=cross_states,
+                encoder_attention_mask=attention_mask,
+                inputs_embeds=decoder_inputs_embeds,
+                **{BACKBONE_CACHE_KWARG: cache},
+                use_cache=use_cache,
+                **extra,
+            )
+            decoder_states = decoder_outputs.last_hidden_state  # (batch, tgt_len, decoder_dim) = z_t
+            panm_output = self._panm(
+                memory_states, attention_mask, decoder_states, cache, past_length, base_address, output_attentions
+            )
         hidden = self._combine(decoder_states, panm_output.hidden_states)  # (batch, tgt_len, decoder_dim)
         output = self._output(hidden, labels, cache, encoder_outputs, decoder_outputs, panm_output)
         return output if return_dict else output.to_tuple()

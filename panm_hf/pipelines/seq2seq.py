@@ -155,6 +155,13 @@ class ModelArguments:
             "every token) or panm (PANM's output alone, so PANM decides when to stop; see PanmConfig)."
         },
     )
+    input_feeding: bool = field(
+        default=False,
+        metadata={
+            "help": "Feed the Controller's state h^c_{t-1} into PANM's decoder's input at step t (input feeding, "
+            "beyond the paper; see PanmConfig). The decoder then runs one token at a time in training too."
+        },
+    )
     vocab_size: int = field(default=8000, metadata={"help": "Joint BPE vocabulary size of the local tokenizer."})
     panm_weight_decay: float | None = field(
         default=None,
@@ -345,7 +352,8 @@ def build_model(name: str, model_args: ModelArguments, panm_args: PanmMemoryConf
     The decoder settings (`--decoder_positions`, `--decoder_window`) go into the saved config: a PANM model's
     `PanmConfig` applies them when loaded, and the examples apply a plain model's record when they load it."""
     if isinstance(config, str):
-        overrides = {"placement": model_args.placement, "eos_decision": model_args.eos_decision, **asdict(panm_args)}
+        overrides = {"placement": model_args.placement, "eos_decision": model_args.eos_decision,
+                     "input_feeding": model_args.input_feeding, **asdict(panm_args)}  # fmt: skip
         model = load_pretrained(name, config, overrides)
         if name == "panm":
             apply_control(model, model_args.control)
@@ -365,7 +373,7 @@ def build_model(name: str, model_args: ModelArguments, panm_args: PanmMemoryConf
         return model
     panm_config = PanmConfig(
         text_config=config.to_dict(), placement=model_args.placement, eos_decision=model_args.eos_decision,
-        **decoder_flags(model_args), **asdict(panm_args),
+        input_feeding=model_args.input_feeding, **decoder_flags(model_args), **asdict(panm_args),
     )  # fmt: skip
     model = PanmForSeq2SeqLM(panm_config)  # applies the decoder settings
     apply_control(model, model_args.control)  # the hook stays with the model for training and testing
