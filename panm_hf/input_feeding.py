@@ -95,6 +95,12 @@ def fed_decode(
     Returns `z_t` `(batch, tokens, decoder_dim)`, the decoder's outputs and PANM's, as the unfed path does. With
     no `cache` (training) a call-local one holds the decoder's keys and values; with one, it continues from it.
     """
+    if model.is_gradient_checkpointing and model.training and torch.is_grad_enabled():
+        raise ValueError(
+            "input_feeding runs the decoder one token at a time through a KV cache, and gradient checkpointing "
+            "drops the cache in training: call model.gradient_checkpointing_disable() (or gradient_checkpointing="
+            "False in the training arguments), or set input_feeding=False."
+        )
     decoder = model.get_decoder()
     embeds = decoder_inputs_embeds
     if embeds is None:

@@ -1,0 +1,150 @@
+"""Input feeding (`PanmConfig.input_feeding`): the Controller's state in the decoder's next input."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import BACKBONES, TINY_PANM, greedy_matching_teacher_forcing
+from transformers import GPT2Config
+
+from panm_hf import PanmConfig, PanmForCausalLM, PanmForSeq2SeqLM
+
+SOURCE = torch.tensor([[5, 6, 7, 8, 2], [9, 10, 11, 2, 1]])
+MASK = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 1, 0]])
+LABELS = torch.tensor([[7, 8, 9, 10, 2], [11, 9, 2, -100, -100]])
+# the SCAN one design's decoder: no positions, a window, g^o reading z_t, the decoder content read
+ONE_DESIGN = {"decoder_positions": "none", "decoder_window": 3, "output_decoder_input": True, "content_read": "decoder"}
+
+
+def pair(backbone: str = "bart", **fields) -> tuple[PanmForSeq2SeqLM, PanmForSeq2SeqLM]:
+    """The same seeded model with and without input feeding, sharing every other weight, in eval mode."""
+    made = []
+    for feed in (False, True):
+        torch.manual_seed(0)
+        config = PanmConfig(text_config=BACKBONES[backbone]().to_dict(), placement="replace", input_feeding=feed,
+                            **TINY_PANM, **fields)  # fmt: skip
+        made.append(PanmForSeq2SeqLM(config).eval())
+    plain, fed = made
+    fed.load_state_dict(plain.state_dict(), strict=False)  # all but the feed's projection
+    return plain, fed
+
+
+def activate_feed(model: PanmForSeq2SeqLM, seed: int = 3) -> None:
+    generator = torch.Generator().manual_seed(seed)
+    weight = model.input_feed.projection.weight
+    with torch.no_grad():
+        weight.copy_(torch.randn(weight.shape, generator=generator))
+
+
+@pytest.mark.parametrize("backbone", ["bart", "marian", "t5"])
+def test_an_untrained_feed_leaves_the_model_as_without_it(backbone):
+    fields = ONE_DESIGN if backbone != "t5" else {"output_decoder_input": True, "content_read": "decoder"}
+    plain, fed = pair(backbone, **fields)
+    assert torch.count_nonzero(fed.input_feed.projection.weight) == 0
+    with torch.no_grad():
+        expected = plain(input_ids=SOURCE, attention_mask=MASK, labels=LABELS)
+        got = fed(input_ids=SOURCE, attention_mask=MASK, labels=LABELS)
+    torch.testing.assert_close(got.logits, expected.logits, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got.loss, expected.loss, rtol=1e-5, atol=1e-5)
+
+
+def test_the_fed_state_changes_the_logits_and_learns():
+    plain, fed = pair(**ONE_DESIGN)
+    activate_feed(fed)
+    with torch.no_grad():
+        expected = plain(input_ids=SOURCE, attention_mask=MASK, labels=LABELS).logits
+    fed.train()
+    output = fed(input_ids=SOURCE, attention_mask=MASK, labels=LABELS)
+    fed.eval()
+    with torch.no_grad():
+        got = fed(input_ids=SOURCE, attention_mask=MASK, labels=LABELS).logits
+    # the first step reads h^c_0, the later ones the state after each token: every step moves
+    assert (got - expected).abs().amax(dim=(0, 2)).min() > 1e-4
+    output.loss.backward()
+    assert fed.input_feed.projection.weight.grad.abs().sum() > 0
+    # the Controller's GRU gets gradient through the decoder's input as well as through its own output
+    assert fed.panm.controller.gru.weight_hh_l0.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("backbone", ["bart", "t5"])
+def test_cached_decoding_equals_the_teacher_forced_pass(backbone):
+    fields = ONE_DESIGN if backbone == "bart" else {"content_read": "decoder"}
+    _, fed = pair(backbone, **fields)
+    activate_feed(fed)
+    generated = greedy_matching_teacher_forcing(fed, SOURCE, MASK, steps=7)
+    # the same tokens fed one call at a time through the cache give the one-call logits
+    with torch.no_grad():
+        whole = fed(input_ids=SOURCE, attention_mask=MASK, decoder_input_ids=generated).logits
+        cache, steps = None, []
+        for t in range(generated.shape[1]):
+            out = fed(input_ids=SOURCE, attention_mask=MASK, decoder_input_ids=generated[:, t : t + 1], cache=cache,
+                      use_cache=True)  # fmt: skip
+            cache = out.cache if hasattr(out, "cache") else out.past_key_values
+            steps.append(out.logits)
+    torch.testing.assert_close(torch.cat(steps, dim=1), whole, rtol=1e-5, atol=1e-5)
+
+
+def test_beam_search_reorders_the_fed_state_with_the_beams():
+    _, fed = pair(**ONE_DESIGN)
+    activate_feed(fed)
+    beams = fed.generate(input_ids=SOURCE, attention_mask=MASK, num_beams=3, num_return_sequences=3, max_new_tokens=6,
+                         length_penalty=0.0, do_sample=False, output_scores=True, return_dict_in_generate=True,
+                         forced_eos_token_id=None)  # fmt: skip
+    # each returned beam's score is its teacher-forced log-likelihood: the fed state followed its beam
+    with torch.no_grad():
+        logits = fed(input_ids=SOURCE.repeat_interleave(3, 0), attention_mask=MASK.repeat_interleave(3, 0),
+                     decoder_input_ids=beams.sequences[:, :-1]).logits  # fmt: skip
+    targets = beams.sequences[:, 1:]  # (beams, new_tokens)
+    log_probs = logits.log_softmax(-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (beams, new_tokens)
+    is_eos = (targets == fed.config.eos_token_id).long()
+    after_eos = (is_eos.cumsum(-1) - is_eos) > 0  # padding after each beam's first EOS
+    expected = log_probs.masked_fill(after_eos, 0.0).sum(-1)
+    torch.testing.assert_close(beams.sequences_scores, expected, rtol=1e-4, atol=1e-4)
+    assert len(set(map(tuple, beams.sequences.tolist()))) > 2  # distinct beams, so reordering mattered
+
+
+def test_hidden_states_and_attentions_are_joined_as_one_call_gives_them():
+    plain, fed = pair(**ONE_DESIGN)
+    for model in (plain, fed):
+        model.set_attn_implementation("eager")
+    with torch.no_grad():
+        expected = plain(input_ids=SOURCE, attention_mask=MASK, labels=LABELS, output_attentions=True,
+                         output_hidden_states=True)  # fmt: skip
+        got = fed(input_ids=SOURCE, attention_mask=MASK, labels=LABELS, output_attentions=True,
+                  output_hidden_states=True)  # fmt: skip
+    for name in ("decoder_hidden_states", "decoder_attentions", "cross_attentions"):
+        assert len(getattr(got, name)) == len(getattr(expected, name)) > 0, name
+        for a, b in zip(getattr(got, name), getattr(expected, name)):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5, msg=name)
+    for name in ("address_attentions", "mode2_attentions"):
+        torch.testing.assert_close(getattr(got, name), getattr(expected, name), rtol=1e-5, atol=1e-5, msg=name)
+
+
+def test_the_feed_saves_and_loads(tmp_path):
+    _, fed = pair(**ONE_DESIGN)
+    activate_feed(fed)
+    fed.save_pretrained(tmp_path)
+    loaded = PanmForSeq2SeqLM.from_pretrained(tmp_path).eval()
+    assert loaded.config.input_feeding is True
+    torch.testing.assert_close(loaded.input_feed.projection.weight, fed.input_feed.projection.weight, rtol=0, atol=0)
+    with torch.no_grad():
+        expected = fed(input_ids=SOURCE, attention_mask=MASK, labels=LABELS).logits
+        got = loaded(input_ids=SOURCE, attention_mask=MASK, labels=LABELS).logits
+    torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-6)
+
+
+def test_bad_input_feeding_settings_name_the_field_and_the_fix():
+    with pytest.raises(ValueError, match="input_feeding must be True or False"):
+        PanmConfig(text_config=BACKBONES["bart"]().to_dict(), input_feeding="yes")
+    gpt2 = GPT2Config(n_embd=16, n_layer=2, n_head=2, n_positions=64, vocab_size=40).to_dict()
+    with pytest.raises(ValueError, match="input_feeding is an option of PanmForSeq2SeqLM"):
+        PanmForCausalLM(PanmConfig(text_config=gpt2, input_feeding=True))
+    _, fed = pair(**ONE_DESIGN)
+    decoder_inputs = torch.tensor([[2, 7, 8], [2, 11, 9]])
+    with pytest.raises(ValueError, match="decoder_attention_mask covers 2 tokens"):
+        fed(input_ids=SOURCE, attention_mask=MASK, decoder_input_ids=decoder_inputs,
+            decoder_attention_mask=torch.ones(2, 2, dtype=torch.long))  # fmt: skip
+    fed.gradient_checkpointing_enable()
+    fed.train()
+    with pytest.raises(ValueError, match="gradient checkpointing drops the cache"):
+        fed(input_ids=SOURCE, attention_mask=MASK, labels=LABELS)
