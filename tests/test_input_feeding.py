@@ -7,7 +7,7 @@ import torch
 from conftest import BACKBONES, TINY_PANM, greedy_matching_teacher_forcing
 from transformers import GPT2Config
 
-from panm_hf import PanmConfig, PanmForCausalLM, PanmForSeq2SeqLM
+from panm_hf import PanmConfig, PanmForCausalLM, PanmForSeq2SeqLM, PanmMemoryConfig
 
 SOURCE = torch.tensor([[5, 6, 7, 8, 2], [9, 10, 11, 2, 1]])
 MASK = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 1, 0]])
@@ -148,3 +148,25 @@ def test_bad_input_feeding_settings_name_the_field_and_the_fix():
     fed.train()
     with pytest.raises(ValueError, match="gradient checkpointing drops the cache"):
         fed(input_ids=SOURCE, attention_mask=MASK, labels=LABELS)
+
+
+def test_the_examples_flag_builds_and_reloads_a_fed_model(tmp_path):
+    from panm_hf.pipelines.seq2seq import ModelArguments, build_model
+
+    panm_args = PanmMemoryConfig(**TINY_PANM)
+    fed = build_model("panm", ModelArguments(placement="replace", input_feeding=True), panm_args, BACKBONES["bart"]())
+    assert fed.config.input_feeding and fed.input_feed is not None
+    plain = build_model("panm", ModelArguments(placement="replace"), panm_args, BACKBONES["bart"]())
+    assert plain.input_feed is None
+    activate_feed(fed)
+    fed.save_pretrained(tmp_path / "panm")
+    transformer = build_model("transformer", ModelArguments(), panm_args, BACKBONES["bart"]())
+    transformer.save_pretrained(tmp_path / "transformer")
+    # evaluating the checkpoint with the flag left out keeps the feed it was trained with
+    loaded = build_model("panm", ModelArguments(placement="replace"), panm_args, str(tmp_path / "panm"))
+    assert loaded.config.input_feeding and loaded.input_feed is not None
+    torch.testing.assert_close(loaded.input_feed.projection.weight, fed.input_feed.projection.weight, rtol=0, atol=0)
+    # a plain Transformer's checkpoint wrapped with the flag gets a feed
+    wrapped = build_model("panm", ModelArguments(placement="replace", input_feeding=True), panm_args,
+                          str(tmp_path / "transformer"))  # fmt: skip
+    assert wrapped.config.input_feeding and wrapped.input_feed is not None
