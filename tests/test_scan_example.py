@@ -418,7 +418,8 @@ def test_the_one_design_row_is_the_measured_candidate(tmp_path):
 def test_every_scan_result_records_the_settings_its_command_runs():
     """Each run in docs/results/scan/runs.json ran its `command`: that command, parsed by today's run_scan.py
     (through run_table.py's rows where the run went through it), gives the cut-off, seed, steps, batch and learning
-    rate the entry records. A run whose flags the examples no longer have names the `commit` its command runs at."""
+    rate (and input feeding) the entry records. A run whose flags the examples no longer have names the `commit` its
+    command runs at."""
     runs = json.loads((ROOT / "docs" / "results" / "scan" / "runs.json").read_text())
     for key, entry in runs.items():
         if "commit" in entry:
@@ -432,10 +433,11 @@ def test_every_scan_result_records_the_settings_its_command_runs():
             argv = run_table.command(design, entry["cutoff"], entry["seed"], args)[2:]
         else:
             argv = words[2:]
-        _, _, data_args, training_args = run_scan.parse_arguments(argv)
+        model_args, _, data_args, training_args = run_scan.parse_arguments(argv)
         ran = {"cutoff": data_args.cutoff, "seed": training_args.seed, "max_steps": training_args.max_steps,
                "learning_rate": training_args.learning_rate,
-               "per_device_train_batch_size": training_args.per_device_train_batch_size}  # fmt: skip
+               "per_device_train_batch_size": training_args.per_device_train_batch_size,
+               "input_feeding": model_args.input_feeding}  # fmt: skip
         recorded = {name: entry[name] for name in ran if name in entry}
         assert {"cutoff", "seed", "max_steps"} <= set(recorded), key  # every run records what it trained on
         assert recorded == {name: ran[name] for name in recorded}, key
