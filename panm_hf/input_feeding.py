@@ -95,11 +95,15 @@ def fed_decode(
     Returns `z_t` `(batch, tokens, decoder_dim)`, the decoder's outputs and PANM's, as the unfed path does. With
     no `cache` (training) a call-local one holds the decoder's keys and values; with one, it continues from it.
     """
-    if model.is_gradient_checkpointing and model.training and torch.is_grad_enabled():
+    checkpointing = getattr(model, "is_activation_checkpointing", None)  # transformers >= 5.24's name
+    if checkpointing is None:
+        checkpointing = model.is_gradient_checkpointing
+    if checkpointing and model.training and torch.is_grad_enabled():
         raise ValueError(
             "input_feeding runs the decoder one token at a time through a KV cache, and gradient checkpointing "
-            "drops the cache in training: call model.gradient_checkpointing_disable() (or gradient_checkpointing="
-            "False in the training arguments), or set input_feeding=False."
+            "drops the cache in training: call model.activation_checkpointing_disable() (gradient_checkpointing_"
+            "disable() before transformers 5.24; or gradient_checkpointing=False in the training arguments), or set "
+            "input_feeding=False."
         )
     decoder = model.get_decoder()
     embeds = decoder_inputs_embeds

@@ -36,9 +36,10 @@ def activate_feed(model: PanmForSeq2SeqLM, seed: int = 3) -> None:
         weight.copy_(torch.randn(weight.shape, generator=generator))
 
 
-@pytest.mark.parametrize("backbone", ["bart", "marian", "t5"])
+@pytest.mark.parametrize("backbone", ["bart", "marian", "mbart", "t5", "encoder-decoder"])
 def test_an_untrained_feed_leaves_the_model_as_without_it(backbone):
-    fields = ONE_DESIGN if backbone != "t5" else {"output_decoder_input": True, "content_read": "decoder"}
+    windowed = backbone in ("bart", "marian", "mbart")
+    fields = ONE_DESIGN if windowed else {"output_decoder_input": True, "content_read": "decoder"}
     plain, fed = pair(backbone, **fields)
     assert torch.count_nonzero(fed.input_feed.projection.weight) == 0
     with torch.no_grad():
@@ -144,7 +145,8 @@ def test_bad_input_feeding_settings_name_the_field_and_the_fix():
     with pytest.raises(ValueError, match="decoder_attention_mask covers 2 tokens"):
         fed(input_ids=SOURCE, attention_mask=MASK, decoder_input_ids=decoder_inputs,
             decoder_attention_mask=torch.ones(2, 2, dtype=torch.long))  # fmt: skip
-    fed.gradient_checkpointing_enable()
+    enable = getattr(fed, "activation_checkpointing_enable", None) or fed.gradient_checkpointing_enable
+    enable()
     fed.train()
     with pytest.raises(ValueError, match="gradient checkpointing drops the cache"):
         fed(input_ids=SOURCE, attention_mask=MASK, labels=LABELS)
