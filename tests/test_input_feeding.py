@@ -67,9 +67,10 @@ def test_the_fed_state_changes_the_logits_and_learns():
     assert fed.panm.controller.gru.weight_hh_l0.grad.abs().sum() > 0
 
 
-@pytest.mark.parametrize("backbone", ["bart", "t5"])
-def test_cached_decoding_equals_the_teacher_forced_pass(backbone):
-    fields = ONE_DESIGN if backbone == "bart" else {"content_read": "decoder"}
+@pytest.mark.parametrize("backbone,cell", [("bart", "gru"), ("t5", "gru"), ("bart", "lstm")])
+def test_cached_decoding_equals_the_teacher_forced_pass(backbone, cell):
+    # an LSTM Controller's state is [h, c]: the feed reads its h (a 2x-wide input would not fit the projection)
+    fields = {**(ONE_DESIGN if backbone == "bart" else {"content_read": "decoder"}), "controller_cell": cell}
     _, fed = pair(backbone, **fields)
     activate_feed(fed)
     generated = greedy_matching_teacher_forcing(fed, SOURCE, MASK, steps=7)
