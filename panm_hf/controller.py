@@ -68,7 +68,7 @@ class Controller(nn.Module):
         undecoded_output: bool = False,
     ):
         super().__init__()
-        hidden_size = config.controller_hidden_size
+        hidden_size = self.hidden_size = config.controller_hidden_size
         self.init = config.controller_init
         self.recurrence_kernel = config.recurrence_kernel
         self.decoder_input_size = decoder_input_size
@@ -159,7 +159,7 @@ class Controller(nn.Module):
         decoder_rows = decoder_states.reshape(batch * steps, -1).to(reads.dtype)  # (batch*steps, decoder_input)
         return batch, steps, rows, torch.cat([rows, decoder_rows], dim=-1), decoder_rows
 
-    def _output(
+    def output(
         self, parts: list[torch.Tensor], decoder_rows: torch.Tensor | None, batch: int, steps: int
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """`g^o` over its input rows (`parts`, then the `z_t` rows when `g^o` reads the decoder state):
@@ -204,7 +204,7 @@ class Controller(nn.Module):
         if self.lstm is not None:  # controller_cell="lstm": nn.LSTM; its state carries [h, c]
             states, last = self._lstm(inputs.reshape(batch, steps, -1), hidden, step_mask)  # (b, steps, hidden), ...
             state_rows = states.reshape(batch * steps, -1).to(reads.dtype)  # (batch*steps, hidden)
-            outputs, undecoded = self._output([rows, state_rows], decoder_rows, batch, steps)  # (b, steps, out)
+            outputs, undecoded = self.output([rows, state_rows], decoder_rows, batch, steps)  # (b, steps, out)
             return outputs, last, undecoded
         kernel = require("controller_gru", self._kernel_call(inputs, hidden), "the Controller GRU here").kernel
         if kernel in ("c", "triton"):  # all steps in one kernel (the C one, or its Triton port)
@@ -218,12 +218,42 @@ class Controller(nn.Module):
             states, last = self.gru(inputs, hidden.unsqueeze(0).contiguous())  # (batch, steps, hidden), (1, b, hidden)
             last = last.squeeze(0)  # (batch, hidden)
         state_rows = states.reshape(batch * steps, -1).to(reads.dtype)  # (batch*steps, hidden)
-        outputs, undecoded = self._output([rows, state_rows], decoder_rows, batch, steps)  # (batch, steps, out)
+        outputs, undecoded = self.output([rows, state_rows], decoder_rows, batch, steps)  # (batch, steps, out)
         if step_mask is not None:  # the state after each row's last real step (or h_{t-1} if none)
             count = step_mask.long().sum(dim=1)  # (batch,)
             index = (count - 1).clamp(min=0).reshape(-1, 1, 1).expand(-1, 1, states.shape[-1])  # (batch, 1, hidden)
             last = torch.where((count > 0).unsqueeze(-1), states.gather(1, index).squeeze(1), hidden)
         return outputs, last, undecoded
+
+    def fixed_gates(self, inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The cell's input projection of the columns known before a stepwise loop, for all steps at once.
+
+        `inputs (rows, k)`: the first `k` columns of the cell's input. Returns `(their gates with the input bias
+        (rows, gates), the input weight's other columns (gates, in - k))`, the latter for the columns each step
+        adds (`cell_step` takes their sum)."""
+        cell = self.gru if self.gru is not None else self.lstm
+        weight, fixed_size = cell.weight_ih_l0, inputs.shape[-1]
+        gates = nn.functional.linear(inputs, weight[:, :fixed_size], cell.bias_ih_l0)  # (rows, gates)
+        return gates, weight[:, fixed_size:]
+
+    def cell_step(self, input_gates: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        """One step of the cell (`nn.GRU`'s or `nn.LSTM`'s equations and parameters) from its input gates
+        `(batch, gates)` (input projection and bias applied) and state `(batch, hidden)` (an LSTM's `[h, c]`)."""
+        if self.lstm is not None:
+            lstm = self.lstm
+            h, c = hidden.chunk(2, dim=-1)  # (batch, hidden) each
+            gates = input_gates + nn.functional.linear(h, lstm.weight_hh_l0, lstm.bias_hh_l0)  # (batch, 4*hidden)
+            input_gate, forget, cell, output = gates.chunk(4, dim=-1)  # nn.LSTM's order i, f, g, o
+            c = torch.sigmoid(forget) * c + torch.sigmoid(input_gate) * torch.tanh(cell)
+            return torch.cat([torch.sigmoid(output) * torch.tanh(c), c], dim=-1)  # (batch, 2*hidden)
+        gru = self.gru
+        hidden_gates = nn.functional.linear(hidden, gru.weight_hh_l0, gru.bias_hh_l0)  # (batch, 3*hidden)
+        input_r, input_z, input_n = input_gates.chunk(3, dim=-1)  # nn.GRU's order r, z, n
+        hidden_r, hidden_z, hidden_n = hidden_gates.chunk(3, dim=-1)
+        reset = torch.sigmoid(input_r + hidden_r)
+        update = torch.sigmoid(input_z + hidden_z)
+        candidate = torch.tanh(input_n + reset * hidden_n)
+        return (1 - update) * candidate + update * hidden  # (batch, hidden)
 
     def attentive_forward(
         self,
@@ -254,10 +284,7 @@ class Controller(nn.Module):
         if reader is None:
             raise ValueError('attentive_forward needs content_read="controller"; call forward instead.')
         batch, steps, rows, inputs, decoder_rows = self._input_rows(reads, decoder_states, hidden)
-        gru = self.gru
-        fixed_size = inputs.shape[-1]
-        weight_fixed, weight_content = gru.weight_ih_l0[:, :fixed_size], gru.weight_ih_l0[:, fixed_size:]
-        fixed_gates = nn.functional.linear(inputs, weight_fixed, gru.bias_ih_l0)  # (batch*steps, 3*hidden)
+        fixed_gates, weight_content = self.fixed_gates(inputs)  # (batch*steps, 3*hidden), (3*hidden, content)
         fixed_gates = fixed_gates.reshape(batch, steps, -1)  # (batch, steps, 3*hidden)
         keys = reader.key(memory_states)  # (batch, slots, dim), once for all steps
         states, contents, weights = [], [], []
@@ -265,14 +292,7 @@ class Controller(nn.Module):
             mask = attention_mask if attention_mask.dim() == 2 else attention_mask[:, t]  # (batch, slots)
             content, weight = reader(hidden, keys, memory_states, mask)  # (batch, dim), (batch, slots)
             content = self.content_dropout(content)
-            input_gates = fixed_gates[:, t] + nn.functional.linear(content, weight_content)  # (batch, 3*hidden)
-            hidden_gates = nn.functional.linear(hidden, gru.weight_hh_l0, gru.bias_hh_l0)  # (batch, 3*hidden)
-            input_r, input_z, input_n = input_gates.chunk(3, dim=-1)
-            hidden_r, hidden_z, hidden_n = hidden_gates.chunk(3, dim=-1)
-            reset = torch.sigmoid(input_r + hidden_r)
-            update = torch.sigmoid(input_z + hidden_z)
-            candidate = torch.tanh(input_n + reset * hidden_n)
-            new_hidden = (1 - update) * candidate + update * hidden
+            new_hidden = self.cell_step(fixed_gates[:, t] + nn.functional.linear(content, weight_content), hidden)
             if step_mask is not None:  # a padded step keeps the state
                 new_hidden = torch.where(step_mask[:, t].unsqueeze(-1), new_hidden, hidden)
             hidden = new_hidden
@@ -281,5 +301,5 @@ class Controller(nn.Module):
             weights.append(weight)
         state_rows = torch.stack(states, dim=1).reshape(batch * steps, -1)  # (batch*steps, hidden)
         content_rows = torch.stack(contents, dim=1).reshape(batch * steps, -1)  # (batch*steps, dim)
-        outputs, undecoded = self._output([rows, content_rows, state_rows], decoder_rows, batch, steps)  # (b, t, out)
+        outputs, undecoded = self.output([rows, content_rows, state_rows], decoder_rows, batch, steps)  # (b, t, out)
         return outputs, hidden, torch.stack(weights, dim=1), undecoded  # ..., (batch, steps, slots), ...

@@ -12,17 +12,12 @@ model exactly as without it (`tests/test_input_feeding.py`).
 
 from __future__ import annotations
 
-from dataclasses import fields, replace
-
 import torch
 from torch import nn
 from transformers.modeling_outputs import BaseModelOutputWithPastAndCrossAttentions
 
 from .cache_panm import BACKBONE_CACHE_KWARG, PanmCache
 from .memory import PanmMemoryOutput
-
-# PanmMemoryOutput's per-step fields: `(batch, steps, ...)`, joined along the steps
-_STEP_FIELDS = tuple(f.name for f in fields(PanmMemoryOutput) if f.name not in ("state", "memory"))
 
 
 class InputFeed(nn.Module):
@@ -68,15 +63,6 @@ def _join_decoder_outputs(steps: list, total_keys: int) -> BaseModelOutputWithPa
     return BaseModelOutputWithPastAndCrossAttentions(**joined)
 
 
-def _join_panm_outputs(steps: list[PanmMemoryOutput]) -> PanmMemoryOutput:
-    """The per-token PANM outputs as one call's: per-step fields joined along the steps, the last state."""
-    joined = {}
-    for name in _STEP_FIELDS:
-        values = [getattr(s, name) for s in steps]
-        joined[name] = torch.cat(values, dim=1) if values[0] is not None else None  # (batch, steps, ...)
-    return replace(steps[-1], **joined)
-
-
 def fed_decode(
     model,
     decoder_input_ids: torch.LongTensor | None,
@@ -120,15 +106,14 @@ def fed_decode(
     state, memory = run_cache.panm_resume(past_length, "pass the PanmCache returned by this model.")
     if memory is None:  # bound once (a training call draws its random base addresses here), then kept
         memory = model.panm.bind(memory_states, attention_mask, base_address=base_address)
-        state = model.panm.initial_state(memory)
-        run_cache.panm_store(state, memory, past_length, 0)
-    decoder_steps, panm_steps = [], []
-    for t in range(num_tokens):  # the recurrence: z_t reads h^c_{t-1}
-        step_length = past_length + t
-        step_embeds = embeds[:, t : t + 1] + model.input_feed(run_cache.panm_state.controller_hidden).to(embeds.dtype)
-        step_mask = decoder_attention_mask[:, : step_length + 1] if decoder_attention_mask is not None else None
+    decoder_steps = []
+
+    def decoder_step(t: int, controller_hidden: torch.Tensor) -> torch.Tensor:
+        """The decoder on target token `t`, its input fed `h^c_{t-1}`: `z_t` `(batch, 1, dim)`."""
+        step_embeds = embeds[:, t : t + 1] + model.input_feed(controller_hidden).to(embeds.dtype)  # (batch, 1, dim)
+        step_mask = decoder_attention_mask[:, : past_length + t + 1] if decoder_attention_mask is not None else None
         step = decoder(
-            inputs_embeds=step_embeds,  # (batch, 1, dim)
+            inputs_embeds=step_embeds,
             attention_mask=step_mask,
             encoder_hidden_states=cross_states,
             encoder_attention_mask=attention_mask,
@@ -137,9 +122,11 @@ def fed_decode(
             **extra,
         )
         decoder_steps.append(step)
-        panm_steps.append(model._panm(
-            memory_states, attention_mask, step.last_hidden_state, run_cache, step_length, base_address,
-            output_attentions,
-        ))  # fmt: skip
+        return step.last_hidden_state
+
+    panm_output = model.panm.forward_fed(
+        memory, decoder_step, num_tokens, state=state, output_attentions=bool(output_attentions)
+    )
+    run_cache.panm_store(panm_output.state, memory, past_length, num_tokens)
     decoder_outputs = _join_decoder_outputs(decoder_steps, past_length + num_tokens)
-    return decoder_outputs.last_hidden_state, decoder_outputs, _join_panm_outputs(panm_steps)
+    return decoder_outputs.last_hidden_state, decoder_outputs, panm_output

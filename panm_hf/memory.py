@@ -9,6 +9,7 @@ Imports only torch.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import torch
@@ -329,21 +330,9 @@ class PanmMemory(nn.Module):
         pointer_mask, slot_mask, step_mask, anchors = memory.pointer_mask, memory.attention_mask, None, None
         if causal_positions is not None:
             pointer_mask, slot_mask, step_mask, anchors = self._causal_masks(memory, causal_positions, num_steps)
-        address_weights, pointers, pointer_hidden = self.pointer_units(
-            state.pointers,
-            state.pointer_hidden,
-            memory.address_bank,
-            memory.address_keys,
-            pointer_mask,
-            num_steps,
-            previous_weights=state.pointer_weights,
-            step_mask=step_mask,
-            anchors=anchors,
-        )  # (batch, steps, units, bank)
-        last_weights = address_weights[:, -1]  # (batch, units, bank)
-        # Distractor addresses (training only) follow the slots in the bank and bind no memory.
-        if address_weights.shape[-1] > memory.memory_states.shape[1]:
-            address_weights = address_weights[..., : memory.memory_states.shape[1]]  # (batch, steps, units, slots)
+        address_weights, pointers, pointer_hidden, last_weights = self._point(
+            memory, state, pointer_mask, num_steps, step_mask, anchors
+        )  # (batch, steps, units, slots), ...
         reads, mode2_weights, content_weights = self._reads(address_weights, memory, decoder_states, slot_mask)
         hidden_states, undropped_states, undecoded_states, controller_hidden, controller_weights = self._control(
             reads, decoder_states, state.controller_hidden, memory, slot_mask, step_mask
@@ -369,6 +358,103 @@ class PanmMemory(nn.Module):
             ),
             content_attentions=content_weights if output_attentions else None,
         )
+
+    def forward_fed(
+        self,
+        memory: AddressedMemory,
+        decoder_step: Callable[[int, torch.Tensor], torch.Tensor],
+        num_steps: int,
+        *,
+        state: PanmState | None = None,
+        output_attentions: bool = False,
+    ) -> PanmMemoryOutput:
+        """Decode `num_steps` steps whose decoder state `z_t` depends on the Controller's previous state (input
+        feeding, `PanmConfig.input_feeding`): `decoder_step(t, h^c_{t-1})` returns `z_t` `(batch, 1,
+        decoder_input_size)`.
+
+        The same model as `forward` on those `z_t`, computed in the order the dependence allows. The Pointer Units
+        and the Mode-1 and Mode-2 reads see no `z_t`, so they run for all steps before the loop, as in `forward`;
+        the loop holds the decoder, the content read and the Controller's cell; `g^o`, dropout and drop-path run
+        over all steps after it, so a sample's drop-path (`panm_drop_path`, `output_decoder_drop_path`) covers all
+        its steps, as in `forward`.
+        """
+        if self.decoder_input_size == 0:
+            raise ValueError("forward_fed feeds the decoder state z_t to the Controller; this PanmMemory has none.")
+        state = self.initial_state(memory) if state is None else state
+        slot_mask, controller = memory.attention_mask, self.controller
+        address_weights, pointers, pointer_hidden, last_weights = self._point(
+            memory, state, memory.pointer_mask, num_steps
+        )  # (batch, steps, units, slots), ...
+        pointer_reads, mode2_weights = self._pointer_reads(address_weights, memory, slot_mask)  # (batch*steps, ...)
+        pointer_reads = self.reads_dropout(pointer_reads)
+        batch = pointer_reads.shape[0] // num_steps
+        hidden, decoder_rows, state_rows, content_rows, content_weights = self._fed_steps(
+            memory, decoder_step, pointer_reads, state.controller_hidden, num_steps
+        )  # (batch, hidden), rows (batch*steps, ...), (batch, steps, slots) or None
+        parts = [pointer_reads] if content_rows is None else [pointer_reads, content_rows]  # the content read next
+        outputs, undecoded = controller.output([*parts, state_rows], decoder_rows, batch, num_steps)
+        hidden_states, undropped, undecoded = self._finish(outputs, undecoded)  # (batch, steps, out) each
+        return PanmMemoryOutput(
+            hidden_states=hidden_states,
+            undropped_hidden_states=undropped,
+            undecoded_hidden_states=undecoded,
+            state=PanmState(
+                pointer_hidden=pointer_hidden, pointers=pointers, controller_hidden=hidden, pointer_weights=last_weights
+            ),
+            memory=memory,
+            address_attentions=address_weights if output_attentions else None,
+            mode2_attentions=(
+                mode2_weights.reshape(batch, num_steps, self.num_mode2_heads, -1)  # (batch, steps, heads, slots)
+                if output_attentions and mode2_weights is not None
+                else None
+            ),
+            content_attentions=content_weights if output_attentions else None,
+        )
+
+    def _fed_steps(
+        self,
+        memory: AddressedMemory,
+        decoder_step: Callable[[int, torch.Tensor], torch.Tensor],
+        pointer_reads: torch.Tensor,
+        hidden: torch.Tensor,
+        num_steps: int,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """`forward_fed`'s loop: per step the decoder, the content read and the Controller's cell. Returns `(h^c
+        after the last step, z_t rows (batch*steps, decoder_input), h^c_t rows (batch*steps, hidden), the content
+        read's rows (batch*steps, dim) and weights (batch, steps, slots), or None without one)`."""
+        controller, slot_mask = self.controller, memory.attention_mask
+        batch = pointer_reads.shape[0] // num_steps
+        fixed_gates, step_weight = controller.fixed_gates(pointer_reads)  # (batch*steps, gates), (gates, step cols)
+        fixed_gates = fixed_gates.reshape(batch, num_steps, -1)  # (batch, steps, gates)
+        content_dropout = self.content_read_dropout or self.reads_dropout
+        controller_keys = None
+        if controller.content_reader is not None:  # content_read="controller": keys once for all steps
+            controller_keys = controller.content_reader.key(memory.memory_states)  # (batch, slots, dim)
+        columns = {"z": [], "content": [], "content_weights": [], "state": []}
+        for t in range(num_steps):  # the recurrence: z_t reads h^c_{t-1}
+            decoder_state = decoder_step(t, hidden).to(pointer_reads.dtype)  # (batch, 1, decoder_input)
+            step_inputs = [decoder_state.reshape(batch, -1)]  # (batch, decoder_input)
+            if self.content_reader is not None:  # the decoder's content read comes before z_t in the cell's input
+                value, weight = self.content_reader(
+                    decoder_state, memory.memory_states, slot_mask, memory.content_keys
+                )  # (batch, 1, 1, dim), (batch, 1, 1, slots)
+                step_inputs.insert(0, content_dropout(value.reshape(batch, -1)))  # (batch, dim)
+            elif controller_keys is not None:  # the Controller's own read, after z_t
+                value, weight = controller.content_reader(hidden, controller_keys, memory.memory_states, slot_mask)
+                step_inputs.append(controller.content_dropout(value))  # (batch, dim)
+            if len(step_inputs) > 1:
+                columns["content"].append(step_inputs[0] if self.content_reader is not None else step_inputs[-1])
+                columns["content_weights"].append(weight.reshape(batch, -1))  # (batch, slots)
+            step_gates = nn.functional.linear(torch.cat(step_inputs, dim=-1), step_weight)  # (batch, gates)
+            hidden = controller.cell_step(fixed_gates[:, t] + step_gates, hidden)
+            columns["z"].append(decoder_state.reshape(batch, -1))  # (batch, decoder_input)
+            columns["state"].append(hidden[:, : controller.hidden_size])  # (batch, hidden): h of an LSTM's [h, c]
+        rows = {
+            name: torch.stack(values, dim=1).reshape(batch * num_steps, -1) if values else None
+            for name, values in columns.items()
+        }  # each (batch*steps, width), or None
+        content_weights = torch.stack(columns["content_weights"], dim=1) if columns["content"] else None
+        return hidden, rows["z"], rows["state"], rows["content"], content_weights  # weights (batch, steps, slots)
 
     def _num_steps(self, batch_size: int, decoder_states: torch.Tensor | None, num_steps: int | None) -> int:
         """The number of steps, from `decoder_states` or `num_steps`; a ValueError when they do not fit."""
@@ -401,22 +487,57 @@ class PanmMemory(nn.Module):
         """Every read the Controller takes (Mode 1, Mode 2, the decoder content read) as rows
         `(batch*steps, num_reads*dim)`, with the Mode-2 `(batch, steps*heads, slots)` and content
         `(batch, steps, slots)` weights (None where off)."""
-        mode1_values = mode1_read(address_weights.to(memory.memory_states.dtype), memory.memory_states)
-        reads = [mode1_values]  # each (batch*steps, heads*dim): one row per (sample, step)
-        mode2_weights = None
-        if self.mode2_reader is not None:
-            mode2_values, mode2_weights = self.mode2_reader(
-                mode1_values, memory.memory_states, slot_mask
-            )  # (batch*steps, heads*dim), (batch, steps*heads, slots)
-            reads.append(mode2_values)
+        pointer_reads, mode2_weights = self._pointer_reads(address_weights, memory, slot_mask)
+        reads = [pointer_reads]  # each (batch*steps, reads*dim): one row per (sample, step)
         content_weights = None
         if self.content_reader is not None:
             content_values, content_weights = self.content_reader(
                 decoder_states, memory.memory_states, slot_mask, memory.content_keys
             )  # (batch, steps, 1, dim), (batch, steps, 1, slots)
             content_weights = content_weights.squeeze(2)  # (batch, steps, slots)
-            reads.append(content_values.reshape(mode1_values.shape[0], -1))  # (batch*steps, dim)
+            reads.append(content_values.reshape(pointer_reads.shape[0], -1))  # (batch*steps, dim)
         return torch.cat(reads, dim=-1), mode2_weights, content_weights  # (batch*steps, num_reads*dim), ...
+
+    def _point(
+        self,
+        memory: AddressedMemory,
+        state: PanmState,
+        pointer_mask: torch.Tensor,
+        num_steps: int,
+        step_mask: torch.Tensor | None = None,
+        anchors: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The Pointer Units' `num_steps` steps: `(address weights over the slots (batch, steps, units, slots),
+        pointers, Pointer Unit states, the last step's weights over the whole bank (batch, units, bank))`."""
+        address_weights, pointers, pointer_hidden = self.pointer_units(
+            state.pointers,
+            state.pointer_hidden,
+            memory.address_bank,
+            memory.address_keys,
+            pointer_mask,
+            num_steps,
+            previous_weights=state.pointer_weights,
+            step_mask=step_mask,
+            anchors=anchors,
+        )  # (batch, steps, units, bank)
+        last_weights = address_weights[:, -1]  # (batch, units, bank)
+        # Distractor addresses (training only) follow the slots in the bank and bind no memory.
+        if address_weights.shape[-1] > memory.memory_states.shape[1]:
+            address_weights = address_weights[..., : memory.memory_states.shape[1]]  # (batch, steps, units, slots)
+        return address_weights, pointers, pointer_hidden, last_weights
+
+    def _pointer_reads(
+        self, address_weights: torch.Tensor, memory: AddressedMemory, slot_mask: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The Mode-1 and Mode-2 reads, which need no decoder state: rows `(batch*steps, (units+heads)*dim)` and
+        the Mode-2 weights `(batch, steps*heads, slots)` (None without Mode 2)."""
+        mode1_values = mode1_read(address_weights.to(memory.memory_states.dtype), memory.memory_states)
+        if self.mode2_reader is None:
+            return mode1_values, None  # (batch*steps, units*dim)
+        mode2_values, mode2_weights = self.mode2_reader(
+            mode1_values, memory.memory_states, slot_mask
+        )  # (batch*steps, heads*dim), (batch, steps*heads, slots)
+        return torch.cat([mode1_values, mode2_values], dim=-1), mode2_weights
 
     def _drop_reads(self, reads: torch.Tensor) -> torch.Tensor:
         """Dropout on the reads `(batch*steps, num_reads*dim)`: the decoder content read, their last `dim` columns,
@@ -448,13 +569,20 @@ class PanmMemory(nn.Module):
             hidden_states, controller_hidden, undecoded = self.controller(
                 self._drop_reads(reads), decoder_states, controller_hidden, step_mask=step_mask
             )
+        return *self._finish(hidden_states, undecoded), controller_hidden, weights
+
+    def _finish(
+        self, hidden_states: torch.Tensor, undecoded: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """Dropout and drop-path on the Controller's outputs `(batch, steps, out)` of all steps: `(outputs, the
+        outputs before drop-path when it acts (else None), the outputs without g^o's z_t columns (or None))`."""
         hidden_states = self.dropout(hidden_states)
         undecoded = self.dropout(undecoded) if undecoded is not None else None
         undropped = None
         if self.training and self.drop_path > 0:  # stochastic depth: a sample keeps all of PANM's output or none
             undropped = hidden_states
             hidden_states = drop_samples(hidden_states, self.drop_path)
-        return hidden_states, undropped, undecoded, controller_hidden, weights
+        return hidden_states, undropped, undecoded
 
     def _causal_masks(
         self, memory: AddressedMemory, causal_positions: torch.Tensor, num_steps: int

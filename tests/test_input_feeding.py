@@ -173,3 +173,77 @@ def test_the_examples_flag_builds_and_reloads_a_fed_model(tmp_path):
     wrapped = build_model("panm", ModelArguments(placement="replace", input_feeding=True), panm_args,
                           str(tmp_path / "transformer"))  # fmt: skip
     assert wrapped.config.input_feeding and wrapped.input_feed is not None
+
+
+FED_CORES = [
+    {"controller_cell": "gru"},
+    {"controller_cell": "lstm"},
+    {"content_read": "decoder", "content_read_keys": "end_distance", "output_decoder_input": True},
+    {"content_read": "controller", "num_mode2_heads": 0},
+    {"content_read": "decoder", "controller_cell": "lstm", "num_mode2_heads": 2},
+]
+
+
+@pytest.mark.parametrize("fields", FED_CORES, ids=lambda f: "-".join(str(v) for v in f.values()))
+def test_the_fed_core_equals_forward_on_the_same_decoder_states(fields):
+    # a decoder step that ignores h^c: the stepwise order must give forward's outputs, state, attentions, gradients
+    from conftest import tiny_memory
+
+    memory = tiny_memory(**fields)
+    states = torch.randn(2, 6, 8, requires_grad=True)
+    decoder = torch.randn(2, 5, 6, requires_grad=True)
+    mask = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0]])
+    bound = memory.bind(states, mask)
+    expected = memory(bound, decoder, output_attentions=True)
+    got = memory.forward_fed(bound, lambda t, hidden: decoder[:, t : t + 1], 5, output_attentions=True)
+    for name in ("hidden_states", "address_attentions", "mode2_attentions", "content_attentions"):
+        if getattr(expected, name) is None:
+            assert getattr(got, name) is None, name
+            continue
+        torch.testing.assert_close(getattr(got, name), getattr(expected, name), rtol=1e-5, atol=1e-6)
+    for name in ("controller_hidden", "pointers", "pointer_hidden", "pointer_weights"):
+        torch.testing.assert_close(getattr(got.state, name), getattr(expected.state, name), rtol=1e-5, atol=1e-6)
+    expected_grads = torch.autograd.grad(expected.hidden_states.square().sum(), (states, decoder))
+    got_grads = torch.autograd.grad(got.hidden_states.square().sum(), (states, decoder))
+    for g, e in zip(got_grads, expected_grads):
+        torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-5)
+
+
+def test_the_fed_core_gives_each_step_the_previous_controller_state():
+    from conftest import tiny_memory
+
+    memory = tiny_memory()
+    bound = memory.bind(torch.randn(2, 6, 8), torch.ones(2, 6, dtype=torch.long))
+    seen, projection = [], torch.randn(12, 6)
+
+    def decoder_step(t, hidden):
+        seen.append(hidden)
+        return (hidden @ projection).unsqueeze(1)  # (batch, 1, 6)
+
+    output = memory.forward_fed(bound, decoder_step, 4)
+    torch.testing.assert_close(seen[0], memory.initial_state(bound).controller_hidden)
+    for t in range(1, 4):  # step t saw h^c_{t-1}: rerunning steps 0..t-1 ends in it
+        state = memory.forward_fed(bound, decoder_step, t).state
+        torch.testing.assert_close(seen[t], state.controller_hidden)
+    assert not torch.equal(output.state.controller_hidden, seen[-1])
+
+
+@pytest.mark.parametrize("field", ["panm_drop_path", "output_decoder_drop_path"])
+def test_fed_drop_path_keeps_or_drops_a_sample_at_every_step(field):
+    # drop-path is per sample over the whole target, as in forward (not drawn anew at every step)
+    from conftest import tiny_memory
+
+    memory = tiny_memory(
+        **{field: 0.5, "output_decoder_input": True, "panm_dropout": 0.0}, undecoded_output=True
+    ).train()
+    batch, steps = 64, 6
+    decoder = torch.randn(batch, steps, 6)
+    bound = memory.bind(torch.randn(batch, 5, 8), torch.ones(batch, 5, dtype=torch.long))
+    torch.manual_seed(1)
+    output = memory.forward_fed(bound, lambda t, hidden: decoder[:, t : t + 1], steps)
+    if field == "panm_drop_path":
+        dropped = (output.hidden_states == 0).all(dim=-1)  # (batch, steps)
+    else:  # a step whose g^o lost z_t gives g^o's output without the z_t columns
+        dropped = torch.isclose(output.hidden_states, output.undecoded_hidden_states, atol=1e-6).all(dim=-1)
+    assert torch.equal(dropped, dropped[:, :1].expand(-1, steps)), "a sample dropped at some steps only"
+    assert 0 < dropped[:, 0].sum() < batch
