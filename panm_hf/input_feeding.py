@@ -6,8 +6,9 @@ carry where the Controller's recurrence stood when each was written: with a posi
 (docs/results/scan.md), a window that holds the same tokens at two steps no longer looks the same at both.
 
 `z_t` now depends on the Controller's previous step, so the decoder runs one token at a time in training too
-(a KV cache inside the call), as in `generate()`. The projection starts at zero, so an untrained feed leaves the
-model exactly as without it (`tests/test_input_feeding.py`).
+(a KV cache inside the call), as in `generate()`, inside `PanmMemory.forward_fed`: what needs no `z_t` (the Pointer
+Units, the Mode-1 and Mode-2 reads; then `g^o` and drop-path) runs once for all the call's steps. The projection
+starts at zero, so an untrained feed leaves the model exactly as without it (`tests/test_input_feeding.py`).
 """
 
 from __future__ import annotations

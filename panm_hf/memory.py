@@ -426,7 +426,7 @@ class PanmMemory(nn.Module):
         batch = pointer_reads.shape[0] // num_steps
         fixed_gates, step_weight = controller.fixed_gates(pointer_reads)  # (batch*steps, gates), (gates, step cols)
         fixed_gates = fixed_gates.reshape(batch, num_steps, -1)  # (batch, steps, gates)
-        content_dropout = self.content_read_dropout or self.reads_dropout
+        content_dropout = self.reads_dropout if self.content_read_dropout is None else self.content_read_dropout
         controller_keys = None
         if controller.content_reader is not None:  # content_read="controller": keys once for all steps
             controller_keys = controller.content_reader.key(memory.memory_states)  # (batch, slots, dim)
@@ -450,8 +450,8 @@ class PanmMemory(nn.Module):
             columns["z"].append(decoder_state.reshape(batch, -1))  # (batch, decoder_input)
             columns["state"].append(hidden[:, : controller.hidden_size])  # (batch, hidden): h of an LSTM's [h, c]
         rows = {
-            name: torch.stack(values, dim=1).reshape(batch * num_steps, -1) if values else None
-            for name, values in columns.items()
+            name: torch.stack(columns[name], dim=1).reshape(batch * num_steps, -1) if columns[name] else None
+            for name in ("z", "state", "content")
         }  # each (batch*steps, width), or None
         content_weights = torch.stack(columns["content_weights"], dim=1) if columns["content"] else None
         return hidden, rows["z"], rows["state"], rows["content"], content_weights  # weights (batch, steps, slots)
