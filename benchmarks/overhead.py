@@ -12,7 +12,8 @@ machine load hits both alike; figures are medians. Ratios are PANM / backbone.
 Cases (issue "Performance"):
   lstm     the algorithmic Copy model: PANM-LSTM vs the LSTM seq2seq baseline (L=10, batch 128)
   seq2seq  a Multi30K-sized Transformer (BART config, 3+3 layers, d_model 512, vocab 8000,
-           batch 32 x 24 tokens) vs the same with PANM, placements "stack" and "replace"
+           batch 32 x 24 tokens) vs the same with PANM, placements "stack" and "replace", the
+           examples' designs (`panm-example`, `panm-one`) and the one design with input feeding
   qa       BERT-base-sized QA at sequence length 384 vs BertWithPanmForQuestionAnswering
   causal   a GPT-2 (6 layers, d 512, vocab 8000, learned positions; batch 32 x 48 tokens) vs
            PanmForCausalLM on it (issue 16); generation: cached tokens after a 24-token prompt
@@ -163,12 +164,13 @@ PANM_EXAMPLE = dict(placement="stack", panm_drop_path=0.5, content_read="decoder
 # layer, no decoder positions, a window of 24, the content read keyed by the distance from the end, a 1,024-wide g^o
 # reading z_t (dropped for half the samples), dropout on PANM's output and the content read.
 PANM_ONE = PANM_DESIGNS["one"]
-DESIGNS = {"panm-example": PANM_EXAMPLE, "panm-one": PANM_ONE}
+# the one design with input feeding (issue 34, point 27): the decoder and the Controller one target token at a time
+DESIGNS = {"panm-example": PANM_EXAMPLE, "panm-one": PANM_ONE, "panm-one-fed": {**PANM_ONE, "input_feeding": True}}
 
 
 def seq2seq_panm(config: BartConfig, variant: str, sizes: dict) -> PanmForSeq2SeqLM:
-    """PANM on the seq2seq case's BART: `panm-stack`, `panm-replace` (the paper's defaults), `panm-example` or
-    `panm-one`."""
+    """PANM on the seq2seq case's BART: `panm-stack`, `panm-replace` (the paper's defaults), `panm-example`,
+    `panm-one` or `panm-one-fed`."""
     design = DESIGNS.get(variant, {"placement": variant.split("-")[1]})
     return PanmForSeq2SeqLM(PanmConfig(text_config=config, **{**design, **sizes["panm"]}))
 
@@ -183,7 +185,7 @@ def causal_model(variant: str, sizes: dict):
 
 
 VARIANTS = {"lstm": ["backbone", "panm"],
-            "seq2seq": ["backbone", "panm-stack", "panm-replace", "panm-example", "panm-one"],
+            "seq2seq": ["backbone", "panm-stack", "panm-replace", "panm-example", "panm-one", "panm-one-fed"],
             "qa": ["backbone", "panm"], "causal": ["backbone", "panm"]}
 
 

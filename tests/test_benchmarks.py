@@ -61,6 +61,10 @@ def test_variants_narrow_every_section_and_keep_the_backbone():
     config = overhead.seq2seq_panm(overhead.BartConfig(**overhead.SIZES["smoke"]["seq2seq"]), "panm-one",
                                    overhead.SIZES["smoke"]).config  # fmt: skip
     assert (config.placement, config.content_read_keys, config.decoder_window) == ("replace", "end_distance", 24)
+    assert not config.input_feeding
+    fed = overhead.seq2seq_panm(overhead.BartConfig(**overhead.SIZES["smoke"]["seq2seq"]), "panm-one-fed",
+                                overhead.SIZES["smoke"]).config  # fmt: skip
+    assert fed.input_feeding and fed.to_diff_dict() | {"input_feeding": False} == config.to_diff_dict()
 
 
 @pytest.mark.smoke
