@@ -33,11 +33,12 @@ from .memory_config import PanmMemoryConfig, content_read_dropout_rate
 from .reads import ControllerContentReader
 
 
-def drop_samples(hidden_states: torch.Tensor, probability: float) -> torch.Tensor:
+def drop_samples(hidden_states: torch.Tensor, probability: float, per_step: bool = False) -> torch.Tensor:
     """Stochastic depth over a `(batch, steps, dim)` tensor: each sample is kept at every step or zeroed at every
-    step, with `probability`; kept samples are scaled by `1 / (1 - probability)`."""
-    batch = hidden_states.shape[0]
-    keep = torch.rand(batch, 1, 1, device=hidden_states.device) >= probability  # (batch, 1, 1)
+    step, with `probability` (with `per_step`, each (sample, step) on its own); kept ones are scaled by
+    `1 / (1 - probability)`."""
+    batch, steps = hidden_states.shape[:2]
+    keep = torch.rand(batch, steps if per_step else 1, 1, device=hidden_states.device) >= probability  # (b, 1|t, 1)
     return hidden_states * keep.to(hidden_states.dtype) / (1.0 - probability)
 
 
@@ -77,6 +78,7 @@ class Controller(nn.Module):
         self.output_reads_decoder = output_decoder_size > 0
         self.undecoded_output = undecoded_output and self.output_reads_decoder
         self.decoder_drop_path = config.output_decoder_drop_path if self.output_reads_decoder else 0.0
+        self.decoder_drop_per_step = config.output_decoder_drop_scope == "step"
         self.initial_state = nn.Linear(memory_dim, hidden_size)
         # the authors' state-driven attention over M; its value is the last part of the GRU and g^o inputs
         self.content_reader = (
@@ -165,8 +167,10 @@ class Controller(nn.Module):
         """`g^o` over its input rows (`parts`, then the `z_t` rows when `g^o` reads the decoder state):
         `(outputs (batch, steps, out), the outputs without the z_t columns (batch, steps, out) or None)`."""
         if self.training and self.decoder_drop_path > 0 and decoder_rows is not None:
-            # a sample's g^o sees its z_t at every step or at none (`output_decoder_drop_path`)
-            dropped = drop_samples(decoder_rows.reshape(batch, steps, -1), self.decoder_drop_path)  # (b, steps, in)
+            # a sample's g^o sees its z_t at every step or at none (`output_decoder_drop_path`; or per step)
+            dropped = drop_samples(
+                decoder_rows.reshape(batch, steps, -1), self.decoder_drop_path, self.decoder_drop_per_step
+            )  # (batch, steps, in)
             decoder_rows = dropped.reshape(batch * steps, -1)  # (batch*steps, decoder_input)
         rows = torch.cat([*parts, decoder_rows] if self.output_reads_decoder else parts, dim=-1)  # (b*steps, in)
         outputs = mlp(self.output_mlp, rows).reshape(batch, steps, -1)  # (batch, steps, out)

@@ -28,6 +28,7 @@ CONTENT_READS = ("none", "decoder", "controller")
 # from the last real slot (`"end_distance"`: the `p_E`-relative address, the same at every input length), or that
 # code alone (`"end_distance_only"`: a read by place, its values still the slots).
 CONTENT_READ_KEYS = ("memory", "end_distance", "end_distance_only")
+DROP_SCOPES = ("sample", "step")
 ADDRESS_KEYS = ("mlp", "linear")
 RECURRENCE_KERNELS = ("auto", "eager", "fused", "triton")
 # Why a setting has no fused kernel; `panm_hf.kernels.dispatch` gives the same reason at run time.
@@ -121,6 +122,10 @@ class PanmMemoryConfig:
             no `z_t` at any step (its `z_t` columns' input set to zero; kept ones scaled by `1 / (1 - p)`), so that
             the reads and `h^c_t` learn to produce the output without the decoder's state beside them; no effect
             in eval. 0 disables it.
+        output_decoder_drop_scope (`str`, *optional*, defaults to `"sample"`):
+            what `output_decoder_drop_path` drops at once: `"sample"`, a sample's `z_t` at every step or at none;
+            `"step"`, each (sample, step)'s `z_t` on its own (what the input-feeding path did until 56a8b1e, which
+            gave the 94.1 of docs/results/scan_diagnosis.md point 27).
         panm_dropout (`float`, *optional*, defaults to 0.0):
             dropout on the reads entering the Controller and on its output (the paper has none; the
             authors' code drops 0.5 of the Mode-2 attention).
@@ -231,6 +236,14 @@ class PanmMemoryConfig:
         default=0.0,
         metadata={"help": "PANM, with output_decoder_input: training probability that a sample's g^o gets no z_t."},
     )
+    output_decoder_drop_scope: str = field(
+        default="sample",
+        metadata={
+            "help": "PANM, with output_decoder_drop_path: drop a sample's z_t at every step at once (sample) or each "
+            "step's on its own (step).",
+            "choices": DROP_SCOPES,
+        },
+    )
     panm_dropout: float = field(default=0.0, metadata={"help": "Dropout on PANM's reads and output (paper: 0)."})
     reads_dropout: float | None = field(
         default=None, metadata={"help": "PANM, beyond the paper: dropout on the reads alone (default: panm_dropout)."}
@@ -319,6 +332,7 @@ CHOICES = {
     "shift_init": (SHIFT_INITS, ' ("uniform" starts with no preferred step)'),
     "content_read": (CONTENT_READS, ' ("none" is the paper\'s equations)'),
     "content_read_keys": (CONTENT_READ_KEYS, ' ("memory": the slots alone)'),
+    "output_decoder_drop_scope": (DROP_SCOPES, ' ("sample": all of a sample\'s steps at once)'),
     "recurrence_kernel": (RECURRENCE_KERNELS, ' ("auto" fuses the Pointer-Unit loop where it can)'),
 }
 PROBABILITIES = (
@@ -368,6 +382,12 @@ CONFLICTS = (
         lambda c: c.output_decoder_drop_path > 0 and not c.output_decoder_input,
         lambda c: f"output_decoder_drop_path={c.output_decoder_drop_path} drops the decoder state z_t that g^o reads "
         "under output_decoder_input, which is False; set output_decoder_input=True or output_decoder_drop_path=0.",
+    ),
+    (
+        lambda c: c.output_decoder_drop_scope != "sample" and c.output_decoder_drop_path == 0,
+        lambda c: f"output_decoder_drop_scope={c.output_decoder_drop_scope!r} sets what output_decoder_drop_path "
+        'drops at once, and output_decoder_drop_path is 0; set output_decoder_drop_path > 0 or '
+        'output_decoder_drop_scope="sample".',
     ),
     (
         lambda c: c.content_read_keys != "memory" and c.content_read != "decoder",

@@ -228,13 +228,16 @@ def test_the_fed_core_gives_each_step_the_previous_controller_state():
     assert not torch.equal(output.state.controller_hidden, seen[-1])
 
 
-@pytest.mark.parametrize("field", ["panm_drop_path", "output_decoder_drop_path"])
-def test_fed_drop_path_keeps_or_drops_a_sample_at_every_step(field):
-    # drop-path is per sample over the whole target, as in forward (not drawn anew at every step)
+@pytest.mark.parametrize("field,scope", [("panm_drop_path", None), ("output_decoder_drop_path", "sample"),
+                                         ("output_decoder_drop_path", "step")])  # fmt: skip
+def test_fed_drop_path_keeps_or_drops_a_sample_at_every_step(field, scope):
+    # drop-path is per sample over the whole target, as in forward (not drawn anew at every step), unless
+    # output_decoder_drop_scope="step" asks for each step on its own
     from conftest import tiny_memory
 
+    scoped = {} if scope is None else {"output_decoder_drop_scope": scope}
     memory = tiny_memory(
-        **{field: 0.5, "output_decoder_input": True, "panm_dropout": 0.0}, undecoded_output=True
+        **{field: 0.5, "output_decoder_input": True, "panm_dropout": 0.0, **scoped}, undecoded_output=True
     ).train()
     batch, steps = 64, 6
     decoder = torch.randn(batch, steps, 6)
@@ -245,5 +248,25 @@ def test_fed_drop_path_keeps_or_drops_a_sample_at_every_step(field):
         dropped = (output.hidden_states == 0).all(dim=-1)  # (batch, steps)
     else:  # a step whose g^o lost z_t gives g^o's output without the z_t columns
         dropped = torch.isclose(output.hidden_states, output.undecoded_hidden_states, atol=1e-6).all(dim=-1)
+    if scope == "step":  # about half of all (sample, step) pairs, and samples dropped at some steps only
+        assert 0.3 < dropped.float().mean() < 0.7
+        assert not torch.equal(dropped, dropped[:, :1].expand(-1, steps))
+        return
     assert torch.equal(dropped, dropped[:, :1].expand(-1, steps)), "a sample dropped at some steps only"
     assert 0 < dropped[:, 0].sum() < batch
+
+
+@pytest.mark.parametrize("scope", ["sample", "step"])
+def test_the_drop_scope_is_the_same_with_and_without_input_feeding(scope):
+    # forward and forward_fed draw the same masks from the same seed: equal outputs in training
+    from conftest import tiny_memory
+
+    memory = tiny_memory(output_decoder_input=True, output_decoder_drop_path=0.5, panm_dropout=0.0,
+                         output_decoder_drop_scope=scope).train()  # fmt: skip
+    decoder = torch.randn(16, 5, 6)
+    bound = memory.bind(torch.randn(16, 6, 8), torch.ones(16, 6, dtype=torch.long))
+    torch.manual_seed(2)
+    expected = memory(bound, decoder).hidden_states
+    torch.manual_seed(2)
+    got = memory.forward_fed(bound, lambda t, hidden: decoder[:, t : t + 1], 5).hidden_states
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)

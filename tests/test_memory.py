@@ -544,6 +544,10 @@ def test_output_decoder_drop_path_needs_output_decoder_input():
         PanmMemoryConfig(output_decoder_drop_path=0.3)
     with pytest.raises(ValueError, match="output_decoder_drop_path must be a probability"):
         PanmMemoryConfig(output_decoder_input=True, output_decoder_drop_path=1.0)
+    with pytest.raises(ValueError, match="output_decoder_drop_scope='step' .* output_decoder_drop_path is 0; set"):
+        PanmMemoryConfig(output_decoder_input=True, output_decoder_drop_scope="step")
+    with pytest.raises(ValueError, match=r"output_decoder_drop_scope='steps' is not supported; choose one of"):
+        PanmMemoryConfig(output_decoder_input=True, output_decoder_drop_path=0.5, output_decoder_drop_scope="steps")
 
 
 def test_undecoded_output_is_none_when_g_o_does_not_read_z_t():
