@@ -418,7 +418,7 @@ def test_the_one_design_row_is_the_measured_candidate(tmp_path):
 def test_every_scan_result_records_the_settings_its_command_runs():
     """Each run in docs/results/scan/runs.json ran its `command`: that command, parsed by today's run_scan.py
     (through run_table.py's rows where the run went through it), gives the cut-off, seed, steps, batch and learning
-    rate (and input feeding) the entry records. A run whose flags the examples no longer have names the `commit` its
+    rate (and input feeding and the drop's scope) the entry records. A run whose flags the examples no longer have names the `commit` its
     command runs at."""
     runs = json.loads((ROOT / "docs" / "results" / "scan" / "runs.json").read_text())
     for key, entry in runs.items():
@@ -433,11 +433,12 @@ def test_every_scan_result_records_the_settings_its_command_runs():
             argv = run_table.command(design, entry["cutoff"], entry["seed"], args)[2:]
         else:
             argv = words[2:]
-        model_args, _, data_args, training_args = run_scan.parse_arguments(argv)
+        model_args, panm_args, data_args, training_args = run_scan.parse_arguments(argv)
         ran = {"cutoff": data_args.cutoff, "seed": training_args.seed, "max_steps": training_args.max_steps,
                "learning_rate": training_args.learning_rate,
                "per_device_train_batch_size": training_args.per_device_train_batch_size,
-               "input_feeding": model_args.input_feeding}  # fmt: skip
+               "input_feeding": model_args.input_feeding,
+               "output_decoder_drop_scope": panm_args.output_decoder_drop_scope}  # fmt: skip
         recorded = {name: entry[name] for name in ran if name in entry}
         assert {"cutoff", "seed", "max_steps"} <= set(recorded), key  # every run records what it trained on
         assert recorded == {name: ran[name] for name in recorded}, key
