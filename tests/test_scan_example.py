@@ -418,8 +418,8 @@ def test_the_one_design_row_is_the_measured_candidate(tmp_path):
 def test_every_scan_result_records_the_settings_its_command_runs():
     """Each run in docs/results/scan/runs.json ran its `command`: that command, parsed by today's run_scan.py
     (through run_table.py's rows where the run went through it), gives the cut-off, seed, steps, batch and learning
-    rate (and input feeding and the drop's scope) the entry records. A run whose flags the examples no longer have names the `commit` its
-    command runs at."""
+    rate (and input feeding and the drop's scope) the entry records. A run whose flags the examples no longer have
+    (or no longer run as they ran) names the `commit` its command runs at."""
     runs = json.loads((ROOT / "docs" / "results" / "scan" / "runs.json").read_text())
     for key, entry in runs.items():
         if "commit" in entry:
