@@ -339,25 +339,15 @@ class PanmMemory(nn.Module):
         )
         if self.controller.content_reader is not None:  # content_read="controller": its weights are the content's
             content_weights = controller_weights
-        return PanmMemoryOutput(
-            hidden_states=hidden_states,
-            undropped_hidden_states=undropped_states,
-            undecoded_hidden_states=undecoded_states,
-            state=PanmState(
-                pointer_hidden=pointer_hidden,
-                pointers=pointers,
-                controller_hidden=controller_hidden,
-                pointer_weights=last_weights,
-            ),
-            memory=memory,
-            address_attentions=address_weights if output_attentions else None,
-            mode2_attentions=(
-                mode2_weights.reshape(batch_size, num_steps, self.num_mode2_heads, -1)  # (batch, steps, heads, slots)
-                if output_attentions and mode2_weights is not None
-                else None
-            ),
-            content_attentions=content_weights if output_attentions else None,
+        next_state = PanmState(
+            pointer_hidden=pointer_hidden,
+            pointers=pointers,
+            controller_hidden=controller_hidden,
+            pointer_weights=last_weights,
         )
+        weights = (address_weights, mode2_weights, content_weights)
+        outputs = (hidden_states, undropped_states, undecoded_states)
+        return self._memory_output(memory, outputs, next_state, weights, output_attentions)
 
     def forward_fed(
         self,
@@ -394,21 +384,40 @@ class PanmMemory(nn.Module):
         parts = [pointer_reads] if content_rows is None else [pointer_reads, content_rows]  # the content read next
         outputs, undecoded = controller.output([*parts, state_rows], decoder_rows, batch, num_steps)
         hidden_states, undropped, undecoded = self._finish(outputs, undecoded)  # (batch, steps, out) each
+        next_state = PanmState(
+            pointer_hidden=pointer_hidden, pointers=pointers, controller_hidden=hidden, pointer_weights=last_weights
+        )
+        weights, outputs = (address_weights, mode2_weights, content_weights), (hidden_states, undropped, undecoded)
+        return self._memory_output(memory, outputs, next_state, weights, output_attentions)
+
+    def _memory_output(
+        self,
+        memory: AddressedMemory,
+        outputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+        state: PanmState,
+        weights: tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None],
+        output_attentions: bool,
+    ) -> PanmMemoryOutput:
+        """`forward`'s and `forward_fed`'s result: `outputs` the hidden states as used, before drop-path and
+        before the decoder (each `(batch, steps, out)`); `weights` the address `(batch, steps, units, slots)`,
+        Mode-2 `(batch*steps, heads, slots)` or None and content `(batch, steps, slots)` or None attentions, kept
+        when `output_attentions`."""
+        hidden_states, undropped, undecoded = outputs
+        address_weights, mode2_weights, content_weights = weights
+        batch, num_steps = hidden_states.shape[:2]
+        if not output_attentions:
+            address_weights, mode2_weights, content_weights = None, None, None
+        if mode2_weights is not None:  # (batch*steps, heads, slots) -> (batch, steps, heads, slots)
+            mode2_weights = mode2_weights.reshape(batch, num_steps, self.num_mode2_heads, -1)
         return PanmMemoryOutput(
             hidden_states=hidden_states,
             undropped_hidden_states=undropped,
             undecoded_hidden_states=undecoded,
-            state=PanmState(
-                pointer_hidden=pointer_hidden, pointers=pointers, controller_hidden=hidden, pointer_weights=last_weights
-            ),
+            state=state,
             memory=memory,
-            address_attentions=address_weights if output_attentions else None,
-            mode2_attentions=(
-                mode2_weights.reshape(batch, num_steps, self.num_mode2_heads, -1)  # (batch, steps, heads, slots)
-                if output_attentions and mode2_weights is not None
-                else None
-            ),
-            content_attentions=content_weights if output_attentions else None,
+            address_attentions=address_weights,
+            mode2_attentions=mode2_weights,
+            content_attentions=content_weights,
         )
 
     def _fed_steps(
