@@ -415,11 +415,20 @@ def test_the_one_design_row_is_the_measured_candidate(tmp_path):
     assert (defaults[0].placement, defaults[0].decoder_positions, defaults[0].decoder_window) == ("replace", "none", 24)
 
 
+# The model flags a Transformer run reads (PANM's flags are parsed for it too but build nothing).
+TRANSFORMER_FIELDS = ("num_layers", "d_model", "ffn_dim", "attention_heads", "dropout", "decoder_positions",
+                      "decoder_window")  # fmt: skip
+
+
 def test_every_scan_result_records_the_settings_its_command_runs():
     """Each run in docs/results/scan/runs.json ran its `command`: that command, parsed by today's run_scan.py
     (through run_table.py's rows where the run went through it), gives the cut-off, seed, steps, batch and learning
-    rate (and input feeding and the drop's scope) the entry records. A run whose flags the examples no longer have
-    (or no longer run as they ran) names the `commit` its command runs at."""
+    rate (and input feeding and the drop's scope) the entry records, and every model flag of its `model_args` (the
+    defaults the command did not name, as they were when it ran; a run from before the drop's scope existed dropped
+    per sample). A run whose command no longer trains that model (the flags it names are gone, or the defaults it
+    relied on changed) names the `commit` its command runs at."""
+    from dataclasses import asdict
+
     runs = json.loads((ROOT / "docs" / "results" / "scan" / "runs.json").read_text())
     for key, entry in runs.items():
         if "commit" in entry:
@@ -437,11 +446,16 @@ def test_every_scan_result_records_the_settings_its_command_runs():
         ran = {"cutoff": data_args.cutoff, "seed": training_args.seed, "max_steps": training_args.max_steps,
                "learning_rate": training_args.learning_rate,
                "per_device_train_batch_size": training_args.per_device_train_batch_size,
-               "input_feeding": model_args.input_feeding,
-               "output_decoder_drop_scope": panm_args.output_decoder_drop_scope}  # fmt: skip
+               "input_feeding": model_args.input_feeding}  # fmt: skip
         recorded = {name: entry[name] for name in ran if name in entry}
         assert {"cutoff", "seed", "max_steps"} <= set(recorded), key  # every run records what it trained on
         assert recorded == {name: ran[name] for name in recorded}, key
+        parsed = {**asdict(model_args), **asdict(panm_args)}
+        fields = TRANSFORMER_FIELDS if model_args.model == "transformer" else parsed
+        model = {name: value for name, value in entry.get("model_args", {}).items() if name in fields}
+        if model_args.model == "panm":
+            model["output_decoder_drop_scope"] = entry.get("output_decoder_drop_scope", "sample")
+        assert model == {name: parsed[name] for name in model}, key
 
 
 @pytest.mark.parametrize(
