@@ -663,6 +663,26 @@ def test_composition_pairs_clauses_by_length_in_output_order():
         composition.pair_key("look and walk", actions)
 
 
+def test_composition_splits_outputs_by_the_ways_they_turn_and_their_longest_one_way_stretch():
+    import composition
+
+    right, left = " ".join(["I_TURN_RIGHT I_JUMP"] * 12), " ".join(["I_TURN_LEFT I_WALK"] * 12)
+    targets = [f"{right} {right}", f"{left} {right}", "I_JUMP I_JUMP", f"I_WALK {right} I_WALK"]
+    assert [composition.turn_kind(t) for t in targets] == ["one way", "both ways", "none", "one way"]
+    # a stretch ends where a turn goes the other way; actions before the first turn belong to the first stretch
+    assert [composition.one_way_stretch(t) for t in targets] == [48, 24, 2, 26]
+    assert composition.one_way_stretch(f"I_WALK I_TURN_LEFT {right}") == 24
+    predictions = [f"{right} {right} {right}", f"{left} {right}", "I_JUMP", targets[3]]
+    rows = composition.turns(predictions, targets)
+    assert rows["one way"] == {"count": 2, "correct": 50.0, "early": 0.0, "late": 50.0, "content": 0.0,
+                               "one_way_stretch": 48}  # fmt: skip
+    assert rows["both ways"]["correct"] == 100.0 and rows["both ways"]["one_way_stretch"] == 24
+    assert rows["none"]["early"] == 100.0
+    assert composition.turns(None, targets[2:3]) == {"one way": {"count": 0, "one_way_stretch": 0},
+                                                     "both ways": {"count": 0, "one_way_stretch": 0},
+                                                     "none": {"count": 1, "one_way_stretch": 2}}  # fmt: skip
+
+
 def test_composition_splits_the_partner_after_the_longest_clause_by_whether_it_repeats_its_actions():
     import composition
 

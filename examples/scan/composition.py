@@ -24,8 +24,13 @@ which pairings a run fails.
 clause writes (`walk around right thrice and walk around right`: no token marks where one ends and the other
 begins, so a decoder that sees only its last tokens cannot count the partner), **differ** otherwise.
 
-    python examples/scan/composition.py runs/scan/panm_one_design_ek_L24_s0 --data_dir ../shared/data/scan \
-        --output composition.json
+`turns` splits the test set by the turns its output makes: **one way** when every turn action turns the same way
+(`jump around right thrice and walk around right thrice`: 48 actions that all turn right), **both ways** when it
+turns left and right, **none** without a turn. Each group gives its `one_way_stretch`, and
+`training_one_way_stretch` the training set's: the most consecutive actions an output writes without turning the
+other way (at L = 40: 40 in training; 48 in the test outputs that turn one way, 24 in those that turn both ways,
+which change direction where their clauses meet).
+
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ from panm_hf.pipelines.scan_data import TASKS_FILE, ScanSplit, load_cutoff_split
 CLASSES = ("composed", "alone only", "unseen")
 LONGEST_CLAUSE = 24  # actions of SCAN's longest clause, `<action> around <direction> thrice`
 PARTNERS = ("repeat", "differ")  # `after_longest`'s groups
+TURNS = ("one way", "both ways", "none")  # `turns`' groups
 CONJUNCTION = re.compile(r" (?:and|after) ")
 
 
@@ -73,6 +79,12 @@ def partner(command: str, actions: dict[str, str]) -> str | None:
     if len(parts) != 2 or len(actions[parts[0]].split()) != LONGEST_CLAUSE:
         return None
     return "repeat" if set(actions[parts[1]].split()) <= set(actions[parts[0]].split()) else "differ"
+
+
+def turn_kind(actions: str) -> str:
+    """One of TURNS: the directions an output's turn actions (`I_TURN_LEFT`, `I_TURN_RIGHT`) take."""
+    directions = {action for action in actions.split() if action.startswith("I_TURN_")}
+    return TURNS[2] if not directions else TURNS[0] if len(directions) == 1 else TURNS[1]
 
 
 def classify(commands: list[str], training: list[str]) -> list[str]:
@@ -126,6 +138,27 @@ def after_longest(groups: list[str | None], predictions: list[str] | None, targe
     return {name: cell([i for i, g in enumerate(groups) if g == name], predictions, targets) for name in PARTNERS}
 
 
+def turns(predictions: list[str] | None, targets: list[str]) -> dict:
+    """Per `turn_kind` of the targets, its `cell` and the longest `one_way_stretch` of its targets."""
+    groups = {name: [i for i, actions in enumerate(targets) if turn_kind(actions) == name] for name in TURNS}
+    return {name: {**cell(chosen, predictions, targets),
+                   "one_way_stretch": max((one_way_stretch(targets[i]) for i in chosen), default=0)}
+            for name, chosen in groups.items()}  # fmt: skip
+
+
+def one_way_stretch(actions: str) -> int:
+    """The most consecutive actions of an output without a turn the other way (such a turn starts a new stretch)."""
+    longest = current = 0
+    direction = None
+    for action in actions.split():
+        if action.startswith("I_TURN_") and action != direction:
+            current = 0 if direction is not None else current
+            direction = action
+        current += 1
+        longest = max(longest, current)
+    return longest
+
+
 def analyse(run_dir: Path, data_dir: Path, use_model: bool) -> dict:
     path = run_dir / "results.json"
     if not path.is_file():
@@ -148,7 +181,9 @@ def analyse(run_dir: Path, data_dir: Path, use_model: bool) -> dict:
     return {"run": run_dir.name, "cutoff": summary["cutoff"], "num_test": len(test.commands),
             "classes": breakdown(classes, predictions, test.actions),
             "pairs": pairs(keys, predictions, test.actions),
-            "after_longest": after_longest(groups, predictions, test.actions)}  # fmt: skip
+            "after_longest": after_longest(groups, predictions, test.actions),
+            "turns": turns(predictions, test.actions),
+            "training_one_way_stretch": max(map(one_way_stretch, train.actions), default=0)}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -166,7 +201,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
             parts.append(f"{name} {values['share']:.1f}% ({values['count']}{scored})")
         print(f"{row['run']} (L = {row['cutoff']}): " + "; ".join(parts))
         # the pairings (`first+second`) and the partner after the 24-action clause, as `key (count) right/early`
-        groups = {"pairs": row["pairs"], f"after a {LONGEST_CLAUSE}-action clause": row["after_longest"]}
+        groups = {"pairs": row["pairs"], f"after a {LONGEST_CLAUSE}-action clause": row["after_longest"],
+                  "turns": row["turns"]}  # fmt: skip
         for label, cells in groups.items():
             scored = [f"{k} ({c['count']}) {c['correct']:.1f}/{c['early']:.1f}" for k, c in cells.items()
                       if "correct" in c]  # fmt: skip
