@@ -31,6 +31,8 @@ turns left and right, **none** without a turn. Each group gives its `one_way_str
 other way (at L = 40: 40 in training; 48 in the test outputs that turn one way, 24 in those that turn both ways,
 which change direction where their clauses meet).
 
+    python examples/scan/composition.py runs/scan/panm_one_design_ek_L24_s0 --data_dir ../shared/data/scan \
+        --output composition.json
 """
 
 from __future__ import annotations
