@@ -26,10 +26,10 @@ begins, so a decoder that sees only its last tokens cannot count the partner), *
 
 `turns` splits the test set by the turns its output makes: **one way** when every turn action turns the same way
 (`jump around right thrice and walk around right thrice`: 48 actions that all turn right), **both ways** when it
-turns left and right, **none** without a turn. Each group gives its `one_way_stretch`, and
-`training_one_way_stretch` the training set's: the most consecutive actions an output writes without turning the
-other way (at L = 40: 40 in training; 48 in the test outputs that turn one way, 24 in those that turn both ways,
-which change direction where their clauses meet).
+turns left and right, **none** without a turn. Each group gives its `one_way_stretch`, and `training_one_way_stretch`
+the training set's: the most consecutive actions an output writes without turning the other way (at L = 40: 40 in
+training; 48 in the test outputs that turn one way, 24 in those that turn both ways, which change direction where
+their clauses meet).
 
     python examples/scan/composition.py runs/scan/panm_one_design_ek_L24_s0 --data_dir ../shared/data/scan \
         --output composition.json
@@ -86,7 +86,7 @@ def partner(command: str, actions: dict[str, str]) -> str | None:
 def turn_kind(actions: str) -> str:
     """One of TURNS: the directions an output's turn actions (`I_TURN_LEFT`, `I_TURN_RIGHT`) take."""
     directions = {action for action in actions.split() if action.startswith("I_TURN_")}
-    return TURNS[2] if not directions else TURNS[0] if len(directions) == 1 else TURNS[1]
+    return {0: "none", 1: "one way"}.get(len(directions), "both ways")
 
 
 def classify(commands: list[str], training: list[str]) -> list[str]:
@@ -154,7 +154,8 @@ def one_way_stretch(actions: str) -> int:
     direction = None
     for action in actions.split():
         if action.startswith("I_TURN_") and action != direction:
-            current = 0 if direction is not None else current
+            if direction is not None:
+                current = 0  # a turn the other way starts a new stretch
             direction = action
         current += 1
         longest = max(longest, current)
