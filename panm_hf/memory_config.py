@@ -125,7 +125,7 @@ class PanmMemoryConfig:
         output_decoder_drop_scope (`str`, *optional*, defaults to `"sample"`):
             what `output_decoder_drop_path` drops at once: `"sample"`, a sample's `z_t` at every step or at none;
             `"step"`, each (sample, step)'s `z_t` on its own (what the input-feeding path did until 56a8b1e, which
-            gave the 94.1 of docs/results/scan_diagnosis.md point 27).
+            gave the 94.1 of docs/results/scan_count.md point 27).
         panm_dropout (`float`, *optional*, defaults to 0.0):
             dropout on the reads entering the Controller and on its output (the paper has none; the
             authors' code drops 0.5 of the Mode-2 attention).

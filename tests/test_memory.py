@@ -330,7 +330,7 @@ def test_controller_content_read_follows_the_controller_state_and_keeps_principl
 
 @pytest.mark.parametrize("decoder_input_size,output_decoder_input", [(6, False), (0, False), (6, True)])
 def test_controller_content_read_step_by_step_equals_all_steps_at_once(decoder_input_size, output_decoder_input):
-    # (6, True): g^o reads z_t too, as in the one design with the Controller's read (scan_diagnosis.md, point 26)
+    # (6, True): g^o reads z_t too, as in the one design with the Controller's read (scan_count.md, point 26)
     memory = tiny(content_read="controller", decoder_input_size=decoder_input_size,
                   output_decoder_input=output_decoder_input)  # fmt: skip
     assert memory.controller.output_reads_decoder == output_decoder_input

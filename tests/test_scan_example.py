@@ -630,6 +630,67 @@ def test_stop_probe_reads_every_target_step_of_a_panm_model():
     assert position.tolist() == [[[0.5, 0.5], [0.0, -1.0]]]
 
 
+def test_controller_reset_restarts_the_recurrence_from_its_first_state_at_the_step():
+    import controller_reset
+
+    from panm_hf import PanmMemoryConfig
+    from panm_hf.controller import Controller
+
+    torch.manual_seed(0)
+    config = PanmMemoryConfig(controller_hidden_size=8, mlp_hidden_size=8, output_decoder_input=True)
+    controller = Controller(config, read_size=6, decoder_input_size=4, memory_dim=5, output_size=3).eval()
+    reads, decoder_states, hidden = torch.randn(2, 7, 6), torch.randn(2, 7, 4), torch.randn(2, 8)
+    whole, _, _ = controller(reads, decoder_states, hidden)
+    fresh, fresh_last, _ = controller(reads[:, 3:], decoder_states[:, 3:], hidden)  # a new call from step 3
+    outputs, last, _ = controller_reset.reset_forward(controller, 3)(reads, decoder_states, hidden)
+    torch.testing.assert_close(outputs[:, :3], whole[:, :3])  # before the reset: as trained
+    torch.testing.assert_close(outputs[:, 3:], fresh)  # from it on: as if the output started there
+    torch.testing.assert_close(last, fresh_last)
+    assert not torch.allclose(outputs[:, 3:], whole[:, 3:])
+    late, _, _ = controller_reset.reset_forward(controller, 9)(reads, decoder_states, hidden)  # past the end
+    torch.testing.assert_close(late, whole)
+    with pytest.raises(ValueError, match="needs a GRU Controller"):
+        lstm = PanmMemoryConfig(controller_hidden_size=8, mlp_hidden_size=8, controller_cell="lstm")
+        controller_reset.reset_forward(Controller(lstm, read_size=6, decoder_input_size=4, memory_dim=5,
+                                                  output_size=3), 3)  # fmt: skip
+    with pytest.raises(ValueError, match="--reset_steps must be output steps >= 1"):
+        controller_reset.main(["somewhere", "--reset_steps", "0"])
+
+
+def test_controller_reset_scores_content_and_stop_per_turn_group_as_the_argmax_gives_them():
+    import controller_reset
+    from transformers import BartConfig
+
+    from panm_hf import PanmConfig, PanmForSeq2SeqLM
+
+    tokenizer = word_tokenizer(["jump walk left", "I_JUMP I_WALK I_TURN_LEFT I_TURN_RIGHT"])
+    config = BartConfig(vocab_size=len(tokenizer), d_model=16, encoder_layers=1, decoder_layers=2,
+                        encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=16, decoder_ffn_dim=16,
+                        max_position_embeddings=64, pad_token_id=tokenizer.pad_token_id,
+                        eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.bos_token_id,
+                        decoder_start_token_id=tokenizer.eos_token_id)  # fmt: skip
+    torch.manual_seed(0)
+    panm = {"placement": "replace", "pointer_hidden_size": 8, "controller_hidden_size": 8, "mlp_hidden_size": 8}
+    model = PanmForSeq2SeqLM(PanmConfig(text_config=config.to_dict(), **panm)).eval()
+    split = ScanSplit(["jump left", "walk", "jump left walk"],
+                      ["I_TURN_LEFT I_JUMP", "I_WALK", "I_TURN_LEFT I_JUMP I_TURN_RIGHT I_WALK"])  # fmt: skip
+    # each command alone, by hand: content is every action the argmax, stop is EOS the argmax after the target
+    singles = {}
+    with torch.no_grad():
+        for command, target in zip(split.commands, split.actions):
+            labels = tokenizer([target], return_tensors="pt")["input_ids"]  # (1, actions + EOS)
+            predicted = model(**tokenizer([command], return_tensors="pt"), labels=labels).logits.argmax(-1)[0]
+            length = len(target.split())
+            expected = 100.0 * bool((predicted[:length] == labels[0, :length]).all())
+            stop = 100.0 * bool(predicted[length] == tokenizer.eos_token_id)
+            group = controller_reset.turn_kind(target)
+            row = controller_reset.outcomes(model, tokenizer, ScanSplit([command], [target]))
+            assert row == {group: {"count": 1, "content": expected, "stop": stop}}
+            singles.update(row)
+    assert set(singles) == {"one way", "both ways", "none"}
+    assert controller_reset.outcomes(model, tokenizer, split, batch_size=2) == singles  # padded batches: the same
+
+
 def test_composition_sorts_clauses_by_what_training_showed(tmp_path):
     import composition
 
@@ -683,6 +744,24 @@ def test_composition_splits_outputs_by_the_ways_they_turn_and_their_longest_one_
                                                      "none": {"count": 1, "one_way_stretch": 2}}  # fmt: skip
 
 
+def test_composition_splits_one_way_outputs_by_whether_their_clauses_write_the_same_action():
+    import composition
+
+    actions = {"walk around right thrice": " ".join(["I_TURN_RIGHT I_WALK"] * 12),
+               "jump around right thrice": " ".join(["I_TURN_RIGHT I_JUMP"] * 12),
+               "walk around left thrice": " ".join(["I_TURN_LEFT I_WALK"] * 12), "walk": "I_WALK"}  # fmt: skip
+    commands = ["walk around right thrice and walk around right thrice", "jump around right thrice after walk "
+                "around right thrice", "walk around left thrice and walk around right thrice",
+                "walk around right thrice", "walk and walk"]  # fmt: skip
+    groups = [composition.one_way_action(c, actions) for c in commands]
+    assert groups == ["same action", "other action", None, None, None]  # both ways, one clause, no turn: None
+    targets = [" ".join([actions["walk around right thrice"]] * 2), "I_A", "I_B", "I_C", "I_D"]
+    rows = composition.one_way_by_action(groups, [targets[0], "I_A I_A", "I_B", "I_C", "I_D"], targets)
+    assert rows["same action"]["correct"] == 100.0 and rows["other action"]["late"] == 100.0
+    assert composition.one_way_by_action([None], None, ["I_A"]) == {"same action": {"count": 0},
+                                                                     "other action": {"count": 0}}  # fmt: skip
+
+
 def test_composition_splits_the_partner_after_the_longest_clause_by_whether_it_repeats_its_actions():
     import composition
 
@@ -718,3 +797,9 @@ def test_composition_finds_every_longer_output_composed_from_l25_on(tmp_path):
     (row,) = composition.main([str(tmp_path), "--data_dir", str(DATA_DIR), "--no_model"])
     longest = sum(cell["count"] for key, cell in row["pairs"].items() if key.startswith("24+"))
     assert row["after_longest"] == {"repeat": {"count": 240}, "differ": {"count": 1040}} and longest == 1280
+    (tmp_path / "results.json").write_text(json.dumps({"cutoff": 40, "results": {}}))
+    (row,) = composition.main([str(tmp_path), "--data_dir", str(DATA_DIR), "--no_model"])
+    # L = 40: every longer output is two `around ... thrice` clauses; half turn one way, a quarter of those with
+    # the same action in both
+    assert row["turns"]["one way"]["count"] == 64 and row["num_test"] == 128
+    assert row["one_way_by_action"] == {"same action": {"count": 16}, "other action": {"count": 48}}

@@ -354,6 +354,25 @@ def test_controls_train_panm_without_its_pointers_or_reads():
     gru_grad = model.panm.controller.gru.weight_ih_l0.grad  # (3 * hidden, reads + d_model): z_t's columns last
     assert not gru_grad[:, -text_config.d_model :].any() and gru_grad[:, : -text_config.d_model].any()
     assert model.panm.content_reader.query.weight.grad.any()
+    # no_controller_decoder_input: the same columns start at zero and stay there through AdamW steps, and the
+    # GRU's output does not move with z_t, while g^o (output_decoder_input) still reads it
+    torch.manual_seed(0)
+    one = PanmMemoryConfig(pointer_hidden_size=8, controller_hidden_size=8, mlp_hidden_size=8,
+                           content_read="decoder", output_decoder_input=True)  # fmt: skip
+    model = build_model("panm", ModelArguments(control="no_controller_decoder_input"), one, text_config)
+    weight = model.panm.controller.gru.weight_ih_l0  # (3 * hidden, reads + d_model): z_t's columns last
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+    for _ in range(2):
+        optimizer.zero_grad()
+        model(**batch).loss.backward()
+        optimizer.step()
+    assert not weight[:, -text_config.d_model :].any() and weight[:, : -text_config.d_model].any()
+    output_weight = model.panm.controller.output_mlp[0].weight  # (mlp, reads + hidden + d_model): z_t's last
+    assert output_weight.grad[:, -text_config.d_model :].any()
+    with pytest.raises(ValueError, match="no_controller_decoder_input needs a GRU Controller"):
+        lstm = PanmMemoryConfig(pointer_hidden_size=8, controller_hidden_size=8, mlp_hidden_size=8,
+                                content_read="decoder", controller_cell="lstm")  # fmt: skip
+        build_model("panm", ModelArguments(control="no_controller_decoder_input"), lstm, text_config)
 
     with pytest.raises(ValueError, match="--control must be one of"):
         validate_model_args(ModelArguments(control="no_pointers"))

@@ -29,7 +29,9 @@ begins, so a decoder that sees only its last tokens cannot count the partner), *
 turns left and right, **none** without a turn. Each group gives its `one_way_stretch`, and `training_one_way_stretch`
 the training set's: the most consecutive actions an output writes without turning the other way (at L = 40: 40 in
 training; 48 in the test outputs that turn one way, 24 in those that turn both ways, which change direction where
-their clauses meet).
+their clauses meet). `one_way_by_action` splits the two-clause outputs that turn one way by their clauses' other
+actions: **same action** (`walk around right thrice and walk around right thrice`) or **other action** (`jump ...
+and walk ...`): whether a miss follows the turn's direction or the action written.
 
     python examples/scan/composition.py runs/scan/panm_one_design_ek_L24_s0 --data_dir ../shared/data/scan \
         --output composition.json
@@ -48,6 +50,7 @@ CLASSES = ("composed", "alone only", "unseen")
 LONGEST_CLAUSE = 24  # actions of SCAN's longest clause, `<action> around <direction> thrice`
 PARTNERS = ("repeat", "differ")  # `after_longest`'s groups
 TURNS = ("one way", "both ways", "none")  # `turns`' groups
+ACTION_GROUPS = ("same action", "other action")  # `one_way_by_action`'s groups
 CONJUNCTION = re.compile(r" (?:and|after) ")
 
 
@@ -87,6 +90,16 @@ def turn_kind(actions: str) -> str:
     """One of TURNS: the directions an output's turn actions (`I_TURN_LEFT`, `I_TURN_RIGHT`) take."""
     directions = {action for action in actions.split() if action.startswith("I_TURN_")}
     return {0: "none", 1: "one way"}.get(len(directions), "both ways")
+
+
+def one_way_action(command: str, actions: dict[str, str]) -> str | None:
+    """For a two-clause command whose output turns one way, "same action" when both clauses write the same actions
+    besides their turns, else "other action"; None for any other command (`actions`: a clause's actions)."""
+    parts = clauses(command)
+    if len(parts) != 2 or turn_kind(" ".join(actions[part] for part in parts)) != "one way":
+        return None
+    others = [{a for a in actions[part].split() if not a.startswith("I_TURN_")} for part in parts]
+    return "same action" if others[0] == others[1] else "other action"
 
 
 def classify(commands: list[str], training: list[str]) -> list[str]:
@@ -140,6 +153,11 @@ def after_longest(groups: list[str | None], predictions: list[str] | None, targe
     return {name: cell([i for i, g in enumerate(groups) if g == name], predictions, targets) for name in PARTNERS}
 
 
+def one_way_by_action(groups: list[str | None], predictions: list[str] | None, targets: list[str]) -> dict:
+    """Per `one_way_action` group, its `cell`."""
+    return {name: cell([i for i, g in enumerate(groups) if g == name], predictions, targets) for name in ACTION_GROUPS}
+
+
 def turns(predictions: list[str] | None, targets: list[str]) -> dict:
     """Per `turn_kind` of the targets, its `cell` and the longest `one_way_stretch` of its targets."""
     groups = {name: [i for i, actions in enumerate(targets) if turn_kind(actions) == name] for name in TURNS}
@@ -186,6 +204,8 @@ def analyse(run_dir: Path, data_dir: Path, use_model: bool) -> dict:
             "pairs": pairs(keys, predictions, test.actions),
             "after_longest": after_longest(groups, predictions, test.actions),
             "turns": turns(predictions, test.actions),
+            "one_way_by_action": one_way_by_action([one_way_action(c, texts) for c in test.commands], predictions,
+                                                   test.actions),
             "training_one_way_stretch": max(map(one_way_stretch, train.actions), default=0)}  # fmt: skip
 
 
@@ -205,7 +225,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         print(f"{row['run']} (L = {row['cutoff']}): " + "; ".join(parts))
         # the pairings (`first+second`) and the partner after the 24-action clause, as `key (count) right/early`
         groups = {"pairs": row["pairs"], f"after a {LONGEST_CLAUSE}-action clause": row["after_longest"],
-                  "turns": row["turns"]}  # fmt: skip
+                  "turns": row["turns"], "one way, by action": row["one_way_by_action"]}  # fmt: skip
         for label, cells in groups.items():
             scored = [f"{k} ({c['count']}) {c['correct']:.1f}/{c['early']:.1f}" for k, c in cells.items()
                       if "correct" in c]  # fmt: skip

@@ -17,6 +17,10 @@ The Pointer Units still run (their output is discarded) and get zero gradient.
 through the decoder-queried content read, `content_read="decoder"`, whose query is `z_t`): does the stop decision
 need the decoder's state, or do the reads and the Controller's own recurrence make it?
 
+`no_controller_decoder_input`: only the Controller GRU's `z_t` columns are zeroed (and kept at zero: their gradient
+is masked), so its recurrence runs over the reads alone while `g^o` still reads `z_t` (`output_decoder_input`). The
+GRU can then count only what the reads show, not the actions it has written (docs/results/scan_count.md, point 29).
+
 The control lives in a forward pre-hook, not in the saved weights: a saved control model scores as
 trained only with the same hook, which `ablate_reads.py` re-applies from the run's `results.json`.
 """
@@ -76,11 +80,34 @@ def zero_decoder_input(model: torch.nn.Module) -> RemovableHandle:
     return _panm(model).controller.register_forward_pre_hook(hook)
 
 
+def zero_controller_decoder_input(model: torch.nn.Module) -> RemovableHandle:
+    """Zero the `z_t` columns of the Controller GRU's input weights of `model.panm` and mask their gradient, so
+    they stay zero under any optimizer whose step is zero for a zero gradient (Adam, AdamW, SGD); returns the
+    gradient hook's handle. The weights themselves carry the control: a saved model scores as trained without it.
+
+    Raises:
+        ValueError: as `zero_reads`, or the Controller takes no `z_t` (no decoder input) or is an LSTM.
+    """
+    controller = _panm(model).controller
+    if controller.gru is None or controller.decoder_input_size == 0:
+        raise ValueError(
+            "--control no_controller_decoder_input needs a GRU Controller that reads z_t; use "
+            "--controller_cell gru with a decoder (placement replace, stack or residual)."
+        )
+    weight = controller.gru.weight_ih_l0  # (3 * hidden, reads + z_t): z_t's columns last
+    keep = torch.ones_like(weight)
+    keep[:, weight.shape[1] - controller.decoder_input_size :] = 0
+    with torch.no_grad():
+        weight.mul_(keep)
+    return weight.register_hook(lambda grad: grad * keep)
+
+
 # Each control's name and the hook that makes it (on a freshly built PANM model).
 CONTROL_HOOKS = {
     "no_pointer_reads": zero_reads,
     "no_reads": partial(zero_reads, include_content_read=True),
     "no_decoder_input": zero_decoder_input,
+    "no_controller_decoder_input": zero_controller_decoder_input,
 }
 CONTROLS = tuple(CONTROL_HOOKS)
 

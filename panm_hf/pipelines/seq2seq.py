@@ -184,7 +184,8 @@ class ModelArguments:
         metadata={
             "help": "A training-time control for the PANM model (panm_hf/pipelines/controls.py): no_pointer_reads "
             "trains and tests it with its Mode-1 and Mode-2 values zeroed (Controller, content read and "
-            "drop-path kept); no_reads zeroes the content read too."
+            "drop-path kept); no_reads zeroes the content read too; no_decoder_input zeroes z_t where the "
+            "Controller takes it; no_controller_decoder_input zeroes it in the Controller GRU only."
         },
     )
     decoder_positions: str = field(
