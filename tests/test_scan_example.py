@@ -591,13 +591,13 @@ def test_stop_probe_scores_a_stop_rule_and_fits_a_separable_stop():
     assert ((score(inputs) > 0) == ends).float().mean() > 0.95
 
 
-def test_stop_probe_reads_every_target_step_of_a_panm_model():
-    import stop_probe
+def tiny_panm(words: list[str]):
+    """(word tokenizer, a tiny PANM-on-BART model with the Controller in place of the last decoder layer), seed 0."""
     from transformers import BartConfig
 
     from panm_hf import PanmConfig, PanmForSeq2SeqLM
 
-    tokenizer = word_tokenizer(["jump walk twice", "I_JUMP I_WALK"])
+    tokenizer = word_tokenizer(words)
     config = BartConfig(vocab_size=len(tokenizer), d_model=16, encoder_layers=1, decoder_layers=2,
                         encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=16, decoder_ffn_dim=16,
                         max_position_embeddings=64, pad_token_id=tokenizer.pad_token_id,
@@ -605,7 +605,13 @@ def test_stop_probe_reads_every_target_step_of_a_panm_model():
                         decoder_start_token_id=tokenizer.eos_token_id, attn_implementation="eager")  # fmt: skip
     torch.manual_seed(0)
     panm = {"placement": "replace", "pointer_hidden_size": 8, "controller_hidden_size": 8, "mlp_hidden_size": 8}
-    model = PanmForSeq2SeqLM(PanmConfig(text_config=config.to_dict(), **panm))
+    return tokenizer, PanmForSeq2SeqLM(PanmConfig(text_config=config.to_dict(), **panm))
+
+
+def test_stop_probe_reads_every_target_step_of_a_panm_model():
+    import stop_probe
+
+    tokenizer, model = tiny_panm(["jump walk twice", "I_JUMP I_WALK"])
     split = ScanSplit(["jump twice", "walk", "jump walk twice"], ["I_JUMP I_JUMP", "I_WALK", "I_JUMP I_WALK I_WALK"])
     features = stop_probe.step_features(model, tokenizer, split, batch_size=2)
     steps = 3 + 2 + 4  # each target's actions and its EOS
@@ -659,19 +665,9 @@ def test_controller_reset_restarts_the_recurrence_from_its_first_state_at_the_st
 
 def test_controller_reset_scores_content_and_stop_per_turn_group_as_the_argmax_gives_them():
     import controller_reset
-    from transformers import BartConfig
 
-    from panm_hf import PanmConfig, PanmForSeq2SeqLM
-
-    tokenizer = word_tokenizer(["jump walk left", "I_JUMP I_WALK I_TURN_LEFT I_TURN_RIGHT"])
-    config = BartConfig(vocab_size=len(tokenizer), d_model=16, encoder_layers=1, decoder_layers=2,
-                        encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=16, decoder_ffn_dim=16,
-                        max_position_embeddings=64, pad_token_id=tokenizer.pad_token_id,
-                        eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.bos_token_id,
-                        decoder_start_token_id=tokenizer.eos_token_id)  # fmt: skip
-    torch.manual_seed(0)
-    panm = {"placement": "replace", "pointer_hidden_size": 8, "controller_hidden_size": 8, "mlp_hidden_size": 8}
-    model = PanmForSeq2SeqLM(PanmConfig(text_config=config.to_dict(), **panm)).eval()
+    tokenizer, model = tiny_panm(["jump walk left", "I_JUMP I_WALK I_TURN_LEFT I_TURN_RIGHT"])
+    model.eval()
     split = ScanSplit(["jump left", "walk", "jump left walk"],
                       ["I_TURN_LEFT I_JUMP", "I_WALK", "I_TURN_LEFT I_JUMP I_TURN_RIGHT I_WALK"])  # fmt: skip
     # each command alone, by hand: content is every action the argmax, stop is EOS the argmax after the target
