@@ -19,10 +19,11 @@ need the decoder's state, or do the reads and the Controller's own recurrence ma
 
 `no_controller_decoder_input`: only the Controller GRU's `z_t` columns are zeroed (and kept at zero: their gradient
 is masked), so its recurrence runs over the reads alone while `g^o` still reads `z_t` (`output_decoder_input`). The
-GRU can then count only what the reads show, not the actions it has written (docs/results/scan_count.md, point 29).
+GRU can then count only what the reads show, not the actions it has written (docs/results/scan_count.md, point 30).
 
-The control lives in a forward pre-hook, not in the saved weights: a saved control model scores as
-trained only with the same hook, which `ablate_reads.py` re-applies from the run's `results.json`.
+The first three controls live in a forward pre-hook, not in the saved weights: a saved control model scores as
+trained only with the same hook, which `ablate_reads.py` re-applies from the run's `results.json`. The last lives in
+the weights (its columns are zero) and a gradient hook that only training needs.
 """
 
 from __future__ import annotations
