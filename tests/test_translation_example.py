@@ -367,6 +367,10 @@ def test_controls_train_panm_without_its_pointers_or_reads():
         model(**batch).loss.backward()
         optimizer.step()
     assert not weight[:, -text_config.d_model :].any() and weight[:, : -text_config.d_model].any()
+    inputs = torch.randn(2, 3, weight.shape[1])  # (batch, steps, reads + d_model)
+    moved = torch.cat([inputs[..., : -text_config.d_model], torch.randn(2, 3, text_config.d_model)], dim=-1)
+    gru = model.panm.controller.gru
+    torch.testing.assert_close(gru(moved)[0], gru(inputs)[0])  # the GRU's states do not see z_t
     output_weight = model.panm.controller.output_mlp[0].weight  # (mlp, reads + hidden + d_model): z_t's last
     assert output_weight.grad[:, -text_config.d_model :].any()
     with pytest.raises(ValueError, match="no_controller_decoder_input needs a GRU Controller"):

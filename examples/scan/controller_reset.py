@@ -46,9 +46,8 @@ def reset_forward(controller: Controller, step: int):
         batch, steps, rows, inputs, decoder_rows = controller._input_rows(reads, decoder_states, hidden)
         inputs = inputs.reshape(batch, steps, -1)  # (batch, steps, GRU input)
         start = hidden.unsqueeze(0).contiguous()  # (1, batch, hidden): h^c_0
-        before, _ = controller.gru(inputs[:, :step], start)  # (batch, min(step, steps), hidden)
-        after, _ = controller.gru(inputs[:, step:], start) if step < steps else (before[:, :0], None)
-        states = torch.cat([before, after], dim=1)  # (batch, steps, hidden)
+        segments = [inputs[:, :step], inputs[:, step:]] if step < steps else [inputs]  # each from h^c_0
+        states = torch.cat([controller.gru(part, start)[0] for part in segments], dim=1)  # (batch, steps, hidden)
         state_rows = states.reshape(batch * steps, -1)  # (batch*steps, hidden)
         outputs, undecoded = controller.output([rows, state_rows], decoder_rows, batch, steps)
         return outputs, states[:, -1], undecoded  # a one-layer GRU's last state is its last output
@@ -66,12 +65,13 @@ def outcomes(model, tokenizer, split: ScanSplit, batch_size: int = 256) -> dict:
         source = tokenizer(commands, padding=True, return_tensors="pt").to(model.device)
         labels = tokenizer(actions, padding=True, return_tensors="pt")["input_ids"].to(model.device)
         predicted = model(**source, labels=labels).logits.argmax(-1)  # (batch, actions + 1)
-        for row, target in enumerate(actions):
-            length = len(target.split())
+        lengths = torch.tensor([len(target.split()) for target in actions], device=predicted.device)  # (batch,)
+        before_end = torch.arange(predicted.shape[1], device=predicted.device) < lengths[:, None]  # (batch, steps)
+        right = ((predicted == labels) | ~before_end).all(dim=1)  # (batch,): every action before the end
+        stops = predicted.gather(1, lengths[:, None]).squeeze(1) == tokenizer.eos_token_id  # (batch,)
+        for target, row_right, row_stop in zip(actions, right.tolist(), stops.tolist()):  # tally by turns group
             group = totals[turn_kind(target)]
-            group[0] += 1
-            group[1] += bool((predicted[row, :length] == labels[row, :length]).all())
-            group[2] += bool(predicted[row, length] == tokenizer.eos_token_id)
+            group[0], group[1], group[2] = group[0] + 1, group[1] + row_right, group[2] + row_stop
     return {name: {"count": n, "content": 100.0 * right / n, "stop": 100.0 * stop / n}
             for name, (n, right, stop) in totals.items() if n}  # fmt: skip
 

@@ -13,9 +13,10 @@ The Pointer Units still run (their output is discarded) and get zero gradient.
 `no_reads`: every read is zeroed, the content read too. The Controller GRU then sees `z_t` alone
 (its `h^c_0` still pools the memory): PANM's branch as an extra recurrent layer with drop-path.
 
-`no_decoder_input`: the Controller GRU's `z_t` input is zeroed (what the decoder has written reaches PANM only
-through the decoder-queried content read, `content_read="decoder"`, whose query is `z_t`): does the stop decision
-need the decoder's state, or do the reads and the Controller's own recurrence make it?
+`no_decoder_input`: `z_t` is zeroed where the Controller takes it, its GRU and (with `output_decoder_input`) `g^o`
+(what the decoder has written reaches PANM only through the decoder-queried content read, `content_read="decoder"`,
+whose query is `z_t`): does the stop decision need the decoder's state, or do the reads and the Controller's own
+recurrence make it?
 
 `no_controller_decoder_input`: only the Controller GRU's `z_t` columns are zeroed (and kept at zero: their gradient
 is masked), so its recurrence runs over the reads alone while `g^o` still reads `z_t` (`output_decoder_input`). The
