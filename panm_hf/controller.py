@@ -19,6 +19,10 @@ run one at a time (``attentive_forward``).
 With ``controller_cell="lstm"`` (beyond the paper) an ``nn.LSTM`` takes the GRU's place: its additive cell
 state can hold a count that does not saturate (Weiss et al. 2018). Its state ``h^c_t`` is ``[h, c]``
 (``c_0 = 0``), so the cache and beam search carry it as they carry the GRU's; ``g^o`` reads ``h``.
+
+With ``controller_truncation`` K (beyond the paper) the recurrence's gradient is cut in training: the state enters
+every K-th step detached (the first cut drawn from steps 1-K per call), so no gradient asks it to carry anything
+further than K steps. The forward pass is the same.
 """
 
 from __future__ import annotations
@@ -72,6 +76,7 @@ class Controller(nn.Module):
         hidden_size = self.hidden_size = config.controller_hidden_size
         self.init = config.controller_init
         self.recurrence_kernel = config.recurrence_kernel
+        self.truncation = config.controller_truncation
         self.decoder_input_size = decoder_input_size
         # beyond the paper: g^o also reads z_t (`output_decoder_input`), a path to the output beside the GRU
         output_decoder_size = decoder_input_size if config.output_decoder_input else 0
@@ -206,21 +211,18 @@ class Controller(nn.Module):
         """
         batch, steps, rows, inputs, decoder_rows = self._input_rows(reads, decoder_states, hidden)
         if self.lstm is not None:  # controller_cell="lstm": nn.LSTM; its state carries [h, c]
-            states, last = self._lstm(inputs.reshape(batch, steps, -1), hidden, step_mask)  # (b, steps, hidden), ...
+            spans = self.truncated_spans(steps)
+            inputs = inputs.reshape(batch, steps, -1)  # (batch, steps, lstm input)
+            states, last = [], hidden
+            for start, end in spans:  # one span without truncation; the state enters the next one detached
+                mask = None if step_mask is None else step_mask[:, start:end]
+                span_states, last = self._lstm(inputs[:, start:end], last.detach() if start else last, mask)
+                states.append(span_states)  # (batch, span, hidden)
+            states = states[0] if len(states) == 1 else torch.cat(states, dim=1)  # (batch, steps, hidden)
             state_rows = states.reshape(batch * steps, -1).to(reads.dtype)  # (batch*steps, hidden)
             outputs, undecoded = self.output([rows, state_rows], decoder_rows, batch, steps)  # (b, steps, out)
             return outputs, last, undecoded
-        kernel = require("controller_gru", self._kernel_call(inputs, hidden), "the Controller GRU here").kernel
-        if kernel in ("c", "triton"):  # all steps in one kernel (the C one, or its Triton port)
-            gru = self.gru
-            input_gates = linear_rows(inputs, gru.weight_ih_l0, gru.bias_ih_l0)  # (batch*steps, 3*hidden)
-            input_gates = input_gates.reshape(batch, steps, -1)  # (batch, steps, 3*hidden)
-            op = torch.ops.panm_hf.gru_recurrence_triton if kernel == "triton" else torch.ops.panm_hf.gru_recurrence
-            states, last, _ = op(input_gates, hidden, gru.weight_hh_l0, gru.bias_hh_l0)
-        else:
-            inputs = inputs.reshape(batch, steps, -1)  # (batch, steps, gru input)
-            states, last = self.gru(inputs, hidden.unsqueeze(0).contiguous())  # (batch, steps, hidden), (1, b, hidden)
-            last = last.squeeze(0)  # (batch, hidden)
+        states, last = self._gru(inputs, hidden, batch, steps)  # (batch, steps, hidden), (batch, hidden)
         state_rows = states.reshape(batch * steps, -1).to(reads.dtype)  # (batch*steps, hidden)
         outputs, undecoded = self.output([rows, state_rows], decoder_rows, batch, steps)  # (batch, steps, out)
         if step_mask is not None:  # the state after each row's last real step (or h_{t-1} if none)
@@ -228,6 +230,36 @@ class Controller(nn.Module):
             index = (count - 1).clamp(min=0).reshape(-1, 1, 1).expand(-1, 1, states.shape[-1])  # (batch, 1, hidden)
             last = torch.where((count > 0).unsqueeze(-1), states.gather(1, index).squeeze(1), hidden)
         return outputs, last, undecoded
+
+    def truncated_spans(self, steps: int) -> list[tuple[int, int]]:
+        """The `(start, end)` step spans the recurrence's gradient stays inside: `[(0, steps)]`, or in training
+        with `controller_truncation` K, spans of K steps after a first one of 1-K steps (drawn per call), so
+        that where the cuts fall moves from batch to batch."""
+        if not (self.training and self.truncation) or steps <= 1:
+            return [(0, steps)]
+        first = int(torch.randint(1, self.truncation + 1, ()).item())
+        starts = [0, *range(first, steps, self.truncation)]
+        return list(zip(starts, [*starts[1:], steps]))
+
+    def _gru(self, inputs: torch.Tensor, hidden: torch.Tensor, batch: int, steps: int) -> tuple[torch.Tensor, ...]:
+        """The GRU over the input rows `(batch*steps, in)` from `(batch, hidden)`, span by span
+        (`truncated_spans`): `(states (batch, steps, hidden), the state after the last step (batch, hidden))`."""
+        kernel = require("controller_gru", self._kernel_call(inputs, hidden), "the Controller GRU here").kernel
+        gru = self.gru
+        if kernel in ("c", "triton"):  # all of a span's steps in one kernel (the C one, or its Triton port)
+            inputs = linear_rows(inputs, gru.weight_ih_l0, gru.bias_ih_l0)  # (batch*steps, 3*hidden)
+            op = torch.ops.panm_hf.gru_recurrence_triton if kernel == "triton" else torch.ops.panm_hf.gru_recurrence
+        inputs = inputs.reshape(batch, steps, -1)  # (batch, steps, gru input or 3*hidden gates)
+        states, last = [], hidden
+        for start, end in self.truncated_spans(steps):  # the state enters each span after the first detached
+            last = last.detach() if start else last
+            if kernel in ("c", "triton"):
+                span_states, last, _ = op(inputs[:, start:end].contiguous(), last, gru.weight_hh_l0, gru.bias_hh_l0)
+            else:
+                span_states, last = gru(inputs[:, start:end], last.unsqueeze(0).contiguous())  # (b, span, h), ...
+                last = last.squeeze(0)  # (batch, hidden)
+            states.append(span_states)  # (batch, span, hidden)
+        return (states[0] if len(states) == 1 else torch.cat(states, dim=1)), last
 
     def fixed_gates(self, inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The cell's input projection of the columns known before a stepwise loop, for all steps at once.
@@ -292,7 +324,9 @@ class Controller(nn.Module):
         fixed_gates = fixed_gates.reshape(batch, steps, -1)  # (batch, steps, 3*hidden)
         keys = reader.key(memory_states)  # (batch, slots, dim), once for all steps
         states, contents, weights = [], [], []
+        cuts = {start for start, _ in self.truncated_spans(steps)[1:]}  # steps whose incoming state is detached
         for t in range(steps):
+            hidden = hidden.detach() if t in cuts else hidden
             mask = attention_mask if attention_mask.dim() == 2 else attention_mask[:, t]  # (batch, slots)
             content, weight = reader(hidden, keys, memory_states, mask)  # (batch, dim), (batch, slots)
             content = self.content_dropout(content)

@@ -37,7 +37,7 @@ CONTROLLER_READ_STEPS = (
 )
 INTEGER_FIELDS = (
     "address_bits", "num_pointer_units", "num_mode2_heads", "pointer_hidden_size", "controller_hidden_size",
-    "mlp_hidden_size", "shift_range", "address_distractors",
+    "mlp_hidden_size", "shift_range", "address_distractors", "controller_truncation",
 )  # fmt: skip
 
 
@@ -75,6 +75,13 @@ class PanmMemoryConfig:
             additive cell state can hold a count past the lengths seen in training, Weiss et al. 2018). The LSTM's
             state `h^c_t` is `[h, c]`, twice `controller_hidden_size` wide, `c_0 = 0`; it runs as `nn.LSTM`
             (no fused kernel: `recurrence_kernel` "auto" or "eager"), with `content_read` "none" or "decoder".
+        controller_truncation (`int`, *optional*, defaults to 0):
+            beyond the paper: in training, truncated backpropagation through the Controller's recurrence. Its
+            state enters every `controller_truncation`-th step detached (the first cut at a step drawn from 1 to
+            K per call, so the cuts move from batch to batch): no gradient asks the state to carry anything
+            further than K steps, so a count the output needs has to restart within them (a clause's, not the
+            whole output's; docs/results/scan_count.md point 31). The forward pass and eval are unchanged. 0
+            (the default) backpropagates through every step.
         controller_init (`str`, *optional*, defaults to `"mean"`):
             `h^c_0` from a projected `"mean"` of the real memory slots, or the paper's `"sum"`.
         pointer_update (`str`, *optional*, defaults to `"attention"`):
@@ -189,6 +196,11 @@ class PanmMemoryConfig:
         default="gru",
         metadata={"help": "PANM Controller recurrence: gru (the paper) or lstm (beyond the paper).",
                   "choices": CONTROLLER_CELLS},
+    )
+    controller_truncation: int = field(
+        default=0,
+        metadata={"help": "PANM, beyond the paper: truncated backpropagation through the Controller every K "
+                  "training steps (0: off)."},
     )
     controller_init: str = field(
         default="mean",
@@ -321,6 +333,7 @@ INTEGER_RANGES = (
     ("mlp_hidden_size", 1, None, ""),
     ("shift_range", 1, "shift_range", "; 1 allows steps -1, 0, +1"),
     ("address_distractors", 0, "address_distractors", "; 0 disables"),
+    ("controller_truncation", 0, "controller_truncation", "; 0 disables"),
 )
 # field -> (allowed values, a hint appended to the message)
 CHOICES = {
