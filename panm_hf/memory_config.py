@@ -79,9 +79,10 @@ class PanmMemoryConfig:
             beyond the paper: in training, truncated backpropagation through the Controller's recurrence. Its
             state enters every `controller_truncation`-th step detached (the first cut at a step drawn from 1 to
             K per call, so the cuts move from batch to batch): no gradient asks the state to carry anything
-            further than K steps, so a count the output needs has to restart within them (a clause's, not the
-            whole output's; docs/results/scan_count.md point 31). The forward pass and eval are unchanged. 0
-            (the default) backpropagates through every step.
+            further than K steps. The forward pass and eval are unchanged. Meant to make a count restart within
+            K steps (a clause's, not the whole output's); on SCAN it did not: the forward pass still carries the
+            count across the cuts (docs/results/scan_count.md point 31). 0 (the default) backpropagates through
+            every step.
         controller_init (`str`, *optional*, defaults to `"mean"`):
             `h^c_0` from a projected `"mean"` of the real memory slots, or the paper's `"sum"`.
         pointer_update (`str`, *optional*, defaults to `"attention"`):
