@@ -211,14 +211,13 @@ class Controller(nn.Module):
         """
         batch, steps, rows, inputs, decoder_rows = self._input_rows(reads, decoder_states, hidden)
         if self.lstm is not None:  # controller_cell="lstm": nn.LSTM; its state carries [h, c]
-            spans = self.truncated_spans(steps)
-            inputs = inputs.reshape(batch, steps, -1)  # (batch, steps, lstm input)
-            states, last = [], hidden
-            for start, end in spans:  # one span without truncation; the state enters the next one detached
-                mask = None if step_mask is None else step_mask[:, start:end]
-                span_states, last = self._lstm(inputs[:, start:end], last.detach() if start else last, mask)
-                states.append(span_states)  # (batch, span, hidden)
-            states = states[0] if len(states) == 1 else torch.cat(states, dim=1)  # (batch, steps, hidden)
+            states, last = self._over_spans(
+                lambda span, state, start, end: self._lstm(
+                    span, state, None if step_mask is None else step_mask[:, start:end]
+                ),
+                inputs.reshape(batch, steps, -1),  # (batch, steps, lstm input)
+                hidden,
+            )  # (batch, steps, hidden), [h, c] after the last step
             state_rows = states.reshape(batch * steps, -1).to(reads.dtype)  # (batch*steps, hidden)
             outputs, undecoded = self.output([rows, state_rows], decoder_rows, batch, steps)  # (b, steps, out)
             return outputs, last, undecoded
@@ -249,15 +248,22 @@ class Controller(nn.Module):
         if kernel in ("c", "triton"):  # all of a span's steps in one kernel (the C one, or its Triton port)
             inputs = linear_rows(inputs, gru.weight_ih_l0, gru.bias_ih_l0)  # (batch*steps, 3*hidden)
             op = torch.ops.panm_hf.gru_recurrence_triton if kernel == "triton" else torch.ops.panm_hf.gru_recurrence
-        inputs = inputs.reshape(batch, steps, -1)  # (batch, steps, gru input or 3*hidden gates)
+
+            def run(span, state, *_):  # the op's third output: the gates its backward keeps
+                return op(span.contiguous(), state, gru.weight_hh_l0, gru.bias_hh_l0)[:2]
+        else:
+            def run(span, state, *_):  # nn.GRU's state is (layers, batch, hidden)
+                span_states, last = gru(span, state.unsqueeze(0).contiguous())  # (batch, span, hidden), (1, b, h)
+                return span_states, last.squeeze(0)
+        return self._over_spans(run, inputs.reshape(batch, steps, -1), hidden)  # (batch, steps, gru input or gates)
+
+    def _over_spans(self, run, inputs: torch.Tensor, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`run(span inputs (batch, span, in), state, start, end) -> (states (batch, span, hidden), last state)` over
+        `truncated_spans`, the state entering each span after the first detached: `(states (batch, steps, hidden),
+        the state after the last step)`."""
         states, last = [], hidden
-        for start, end in self.truncated_spans(steps):  # the state enters each span after the first detached
-            last = last.detach() if start else last
-            if kernel in ("c", "triton"):
-                span_states, last, _ = op(inputs[:, start:end].contiguous(), last, gru.weight_hh_l0, gru.bias_hh_l0)
-            else:
-                span_states, last = gru(inputs[:, start:end], last.unsqueeze(0).contiguous())  # (b, span, h), ...
-                last = last.squeeze(0)  # (batch, hidden)
+        for start, end in self.truncated_spans(inputs.shape[1]):
+            span_states, last = run(inputs[:, start:end], last.detach() if start else last, start, end)
             states.append(span_states)  # (batch, span, hidden)
         return (states[0] if len(states) == 1 else torch.cat(states, dim=1)), last
 

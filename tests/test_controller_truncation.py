@@ -58,16 +58,20 @@ def test_truncated_spans_cover_every_step_once_with_the_first_cut_drawn():
     assert controller.truncated_spans(1) == [(0, 1)]
 
 
-def test_a_truncated_model_trains_and_generates():
+def test_a_truncated_model_trains_and_scores_and_generates_as_the_uncut_one_in_eval():
     model, source, mask, labels = tiny_replace_seq2seq(controller_truncation=2)
+    uncut, *_ = tiny_replace_seq2seq()  # the same seed: the same weights
     model.train()
     loss = model(input_ids=source, attention_mask=mask, labels=labels).loss
     loss.backward()
     assert torch.isfinite(loss)
     assert model.panm.controller.gru.weight_hh_l0.grad.abs().sum() > 0
-    model.eval()
-    out = model.generate(input_ids=source, attention_mask=mask, max_new_tokens=4, do_sample=False)
-    assert out.shape[0] == 2
+    model.eval(), uncut.eval()
+    with torch.no_grad():  # eval runs every step in one span
+        torch.testing.assert_close(model(input_ids=source, attention_mask=mask, labels=labels).logits,
+                                   uncut(input_ids=source, attention_mask=mask, labels=labels).logits)  # fmt: skip
+    generate = {"input_ids": source, "attention_mask": mask, "max_new_tokens": 4, "do_sample": False}
+    assert torch.equal(model.generate(**generate), uncut.generate(**generate))
 
 
 @pytest.mark.parametrize(
