@@ -163,6 +163,12 @@ class PanmConfig(PreTrainedConfig, PanmMemoryConfig):
                 "and input_feeding runs the Controller one token a call; set controller_truncation=0 or "
                 "input_feeding=False."
             )
+        if self.input_feeding and self.controller_reset_rate > 0:
+            raise ValueError(
+                f"controller_reset_rate={self.controller_reset_rate} resets the Controller's state within a call, "
+                "and input_feeding runs the Controller one token a call; set controller_reset_rate=0 or "
+                "input_feeding=False."
+            )
         if self.eos_decision == "panm" and self.eos_token_id is None:
             raise ValueError(
                 'eos_decision="panm" needs eos_token_id (the logit PANM decides): set it on the config or on its '

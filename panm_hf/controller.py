@@ -22,7 +22,8 @@ state can hold a count that does not saturate (Weiss et al. 2018). Its state ``h
 
 With ``controller_truncation`` K (beyond the paper) the recurrence's gradient is cut in training: the state enters
 every K-th step detached (the first cut drawn from steps 1-K per call), so no gradient asks it to carry anything
-further than K steps. The forward pass is the same.
+further than K steps. The forward pass is the same. With ``controller_reset_rate`` p (beyond the paper) a sample's
+state is set back, with probability p, to the one it entered the call with at one step drawn per call (training only).
 """
 
 from __future__ import annotations
@@ -77,6 +78,7 @@ class Controller(nn.Module):
         self.init = config.controller_init
         self.recurrence_kernel = config.recurrence_kernel
         self.truncation = config.controller_truncation
+        self.reset_rate = config.controller_reset_rate
         self.decoder_input_size = decoder_input_size
         # beyond the paper: g^o also reads z_t (`output_decoder_input`), a path to the output beside the GRU
         output_decoder_size = decoder_input_size if config.output_decoder_input else 0
@@ -259,13 +261,28 @@ class Controller(nn.Module):
 
     def _over_spans(self, run, inputs: torch.Tensor, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """`run(span inputs (batch, span, in), state, start, end) -> (states (batch, span, hidden), last state)` over
-        `truncated_spans`, the state entering each span after the first detached: `(states (batch, steps, hidden),
-        the state after the last step)`."""
+        `truncated_spans`, the state entering each span after the first detached, and split again at the step
+        `reset_draw` draws: `(states (batch, steps, hidden), the state after the last step)`."""
+        steps = inputs.shape[1]
+        spans = self.truncated_spans(steps)
+        reset_step, chosen = self.reset_draw(hidden, steps)
+        starts = sorted({start for start, _ in spans} | ({reset_step} if reset_step else set()))
+        detached = {start for start, _ in spans[1:]}
         states, last = [], hidden
-        for start, end in self.truncated_spans(inputs.shape[1]):
-            span_states, last = run(inputs[:, start:end], last.detach() if start else last, start, end)
+        for start, end in zip(starts, [*starts[1:], steps]):
+            state = last.detach() if start in detached else last
+            state = torch.where(chosen, hidden, state) if start == reset_step else state  # back to the call's state
+            span_states, last = run(inputs[:, start:end], state, start, end)
             states.append(span_states)  # (batch, span, hidden)
         return (states[0] if len(states) == 1 else torch.cat(states, dim=1)), last
+
+    def reset_draw(self, hidden: torch.Tensor, steps: int) -> tuple[int | None, torch.Tensor | None]:
+        """`controller_reset_rate`'s draw for one call, in training: `(the step whose incoming state is reset, the
+        samples reset there (batch, 1) bool)`, or `(None, None)`."""
+        if not (self.training and self.reset_rate > 0) or steps <= 1:
+            return None, None
+        step = int(torch.randint(1, steps, ()).item())
+        return step, torch.rand(hidden.shape[0], 1, device=hidden.device) < self.reset_rate  # (batch, 1)
 
     def fixed_gates(self, inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The cell's input projection of the columns known before a stepwise loop, for all steps at once.
@@ -331,8 +348,10 @@ class Controller(nn.Module):
         keys = reader.key(memory_states)  # (batch, slots, dim), once for all steps
         states, contents, weights = [], [], []
         cuts = {start for start, _ in self.truncated_spans(steps)[1:]}  # steps whose incoming state is detached
+        initial, (reset_step, chosen) = hidden, self.reset_draw(hidden, steps)
         for t in range(steps):
             hidden = hidden.detach() if t in cuts else hidden
+            hidden = torch.where(chosen, initial, hidden) if t == reset_step else hidden
             mask = attention_mask if attention_mask.dim() == 2 else attention_mask[:, t]  # (batch, slots)
             content, weight = reader(hidden, keys, memory_states, mask)  # (batch, dim), (batch, slots)
             content = self.content_dropout(content)

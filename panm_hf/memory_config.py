@@ -83,6 +83,12 @@ class PanmMemoryConfig:
             K steps (a clause's, not the whole output's); on SCAN it did not: the forward pass still carries the
             count across the cuts (docs/results/scan_count.md point 31). 0 (the default) backpropagates through
             every step.
+        controller_reset_rate (`float`, *optional*, defaults to 0.0):
+            beyond the paper: in training, the probability that a sample's Controller state is set back to the
+            state it entered the call with (`h^c_0` under teacher forcing) at one step, drawn from 1 to steps - 1
+            per call; forward pass and gradient alike. The steps after the reset must then be written without the
+            Controller's memory of the steps before it, so that its state cannot be the output's only count. No
+            effect in eval. 0 disables it.
         controller_init (`str`, *optional*, defaults to `"mean"`):
             `h^c_0` from a projected `"mean"` of the real memory slots, or the paper's `"sum"`.
         pointer_update (`str`, *optional*, defaults to `"attention"`):
@@ -202,6 +208,11 @@ class PanmMemoryConfig:
         default=0,
         metadata={"help": "PANM, beyond the paper: truncated backpropagation through the Controller every K "
                   "training steps (0: off)."},
+    )
+    controller_reset_rate: float = field(
+        default=0.0,
+        metadata={"help": "PANM, beyond the paper: in training, the probability that a sample's Controller state is "
+                  "reset to its initial state at one step drawn per batch (0: off)."},
     )
     controller_init: str = field(
         default="mean",
@@ -351,7 +362,7 @@ CHOICES = {
 }
 PROBABILITIES = (
     "panm_dropout", "panm_drop_path", "output_decoder_drop_path", "mlp_dropout", "reads_dropout",
-    "content_read_dropout",
+    "content_read_dropout", "controller_reset_rate",
 )  # fmt: skip
 OPTIONAL_PROBABILITIES = ("reads_dropout", "content_read_dropout")  # None: falls back to another field
 

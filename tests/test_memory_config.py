@@ -65,7 +65,7 @@ def test_every_memory_field_is_a_panm_config_field_with_the_same_default():
         assert config_fields[field.name].default == field.default, field.name
         assert field.metadata.get("help"), f"{field.name} has no help for HfArgumentParser"
     assert PanmConfig().memory_config == PanmMemoryConfig()
-    assert len(MEMORY_FIELDS) == 27 and set(CHOICE_FIELDS) == {
+    assert len(MEMORY_FIELDS) == 28 and set(CHOICE_FIELDS) == {
         "scoring", "address_key", "controller_init", "controller_cell", "pointer_update", "shift_init", "content_read",
         "content_read_keys", "recurrence_kernel", "output_decoder_drop_scope",
     }  # fmt: skip
@@ -144,18 +144,20 @@ def test_an_old_flat_config_json_loads_unchanged(tmp_path):
     assert isinstance(config, PanmConfig) and config.text_config.model_type == "bert"
     # fields added after that file was written (recurrence_kernel, panm_drop_path, address_key, shift_init,
     # output_decoder_input, output_decoder_drop_path, mlp_dropout, reads_dropout, content_read_dropout,
-    # content_read_keys, controller_cell, output_decoder_drop_scope, controller_truncation) take their defaults;
+    # content_read_keys, controller_cell, output_decoder_drop_scope, controller_truncation, controller_reset_rate) take
+    # their defaults;
     # address_key's default is the MLP every earlier checkpoint was trained with, output_decoder_input's the paper's
     # g^o that every earlier checkpoint has, the two dropouts' None the panm_dropout on every read that every earlier
     # checkpoint had,
     # content_read_keys' the memory-keyed read, controller_cell's the GRU, output_decoder_drop_scope's the per-sample
     # drop that every earlier checkpoint trained with (drop-path off or, under input feeding, see its doc),
-    # controller_truncation's backpropagation through every step
+    # controller_truncation's backpropagation through every step, controller_reset_rate's state kept at every step
     expected = {f.name: OLD_CONFIG_JSON.get(f.name, f.default) for f in MEMORY_FIELDS}
     assert set(expected) - set(OLD_CONFIG_JSON) == {
         "recurrence_kernel", "panm_drop_path", "address_key", "shift_init", "output_decoder_input",
         "output_decoder_drop_path", "mlp_dropout", "reads_dropout", "content_read_dropout", "content_read_keys",
         "controller_cell", "output_decoder_drop_scope", "controller_truncation",
+        "controller_reset_rate",
     }
     assert dataclasses.asdict(config.memory_config) == expected
     assert config.placement == "stack" and config.vocab_size == 99
