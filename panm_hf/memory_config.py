@@ -88,7 +88,8 @@ class PanmMemoryConfig:
             state it entered the call with (`h^c_0` under teacher forcing) at one step, drawn from 1 to steps - 1
             per call; forward pass and gradient alike. The steps after the reset must then be written without the
             Controller's memory of the steps before it, so that its state cannot be the output's only count. No
-            effect in eval. 0 disables it.
+            effect in eval. 0 disables it. On SCAN at 0.5 the stop left the Controller's count, and the stop that
+            replaced it fired where training's outputs end (docs/results/scan_count.md point 32).
         controller_init (`str`, *optional*, defaults to `"mean"`):
             `h^c_0` from a projected `"mean"` of the real memory slots, or the paper's `"sum"`.
         pointer_update (`str`, *optional*, defaults to `"attention"`):
