@@ -3,7 +3,7 @@ the paper)."""
 
 import pytest
 import torch
-from conftest import tiny_memory, tiny_replace_seq2seq
+from conftest import tiny_memory
 
 from panm_hf import PanmConfig, PanmMemoryConfig
 
@@ -81,22 +81,6 @@ def test_the_reset_step_is_drawn_per_call_and_eval_draws_none():
     assert controller.reset_draw(hidden, 1) == (None, None)
     controller.eval()
     assert controller.reset_draw(hidden, 6) == (None, None)
-
-
-def test_a_reset_model_trains_and_scores_and_generates_as_the_plain_one_in_eval():
-    model, source, mask, labels = tiny_replace_seq2seq(controller_reset_rate=0.5)
-    plain, *_ = tiny_replace_seq2seq()  # the same seed: the same weights
-    model.train()
-    loss = model(input_ids=source, attention_mask=mask, labels=labels).loss
-    loss.backward()
-    assert torch.isfinite(loss)
-    assert model.panm.controller.gru.weight_hh_l0.grad.abs().sum() > 0
-    model.eval(), plain.eval()
-    with torch.no_grad():
-        torch.testing.assert_close(model(input_ids=source, attention_mask=mask, labels=labels).logits,
-                                   plain(input_ids=source, attention_mask=mask, labels=labels).logits)  # fmt: skip
-    generate = {"input_ids": source, "attention_mask": mask, "max_new_tokens": 4, "do_sample": False}
-    assert torch.equal(model.generate(**generate), plain.generate(**generate))
 
 
 @pytest.mark.parametrize("value", [-0.1, 1.0, True, "0.5"])

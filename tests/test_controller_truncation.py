@@ -58,8 +58,10 @@ def test_truncated_spans_cover_every_step_once_with_the_first_cut_drawn():
     assert controller.truncated_spans(1) == [(0, 1)]
 
 
-def test_a_truncated_model_trains_and_scores_and_generates_as_the_uncut_one_in_eval():
-    model, source, mask, labels = tiny_replace_seq2seq(controller_truncation=2)
+@pytest.mark.parametrize("option", [{"controller_truncation": 2}, {"controller_reset_rate": 0.5}], ids=str)
+def test_a_model_with_a_training_only_controller_option_trains_and_in_eval_equals_the_plain_one(option):
+    """`controller_truncation` and `controller_reset_rate` (test_controller_reset.py) act in training only."""
+    model, source, mask, labels = tiny_replace_seq2seq(**option)
     uncut, *_ = tiny_replace_seq2seq()  # the same seed: the same weights
     model.train()
     loss = model(input_ids=source, attention_mask=mask, labels=labels).loss
