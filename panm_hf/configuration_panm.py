@@ -157,18 +157,13 @@ class PanmConfig(PreTrainedConfig, PanmMemoryConfig):
         check_decoder_positions(self.decoder_positions, self.decoder_window, self.max_position_offset)
         if not isinstance(self.input_feeding, bool):
             raise ValueError(f"input_feeding must be True or False (got {self.input_feeding!r}).")
-        if self.input_feeding and self.controller_truncation > 0:
-            raise ValueError(
-                f"controller_truncation={self.controller_truncation} cuts the Controller's gradient within a call, "
-                "and input_feeding runs the Controller one token a call; set controller_truncation=0 or "
-                "input_feeding=False."
-            )
-        if self.input_feeding and self.controller_reset_rate > 0:
-            raise ValueError(
-                f"controller_reset_rate={self.controller_reset_rate} resets the Controller's state within a call, "
-                "and input_feeding runs the Controller one token a call; set controller_reset_rate=0 or "
-                "input_feeding=False."
-            )
+        for name, what in (("controller_truncation", "cuts the Controller's gradient"),
+                           ("controller_reset_rate", "resets the Controller's state")):  # fmt: skip
+            if self.input_feeding and getattr(self, name) > 0:
+                raise ValueError(
+                    f"{name}={getattr(self, name)} {what} within a call, and input_feeding runs the Controller one "
+                    f"token a call; set {name}=0 or input_feeding=False."
+                )
         if self.eos_decision == "panm" and self.eos_token_id is None:
             raise ValueError(
                 'eos_decision="panm" needs eos_token_id (the logit PANM decides): set it on the config or on its '
