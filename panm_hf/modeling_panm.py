@@ -43,10 +43,13 @@ class PanmSeq2SeqLMOutput(Seq2SeqLMOutput):
     Attributes:
         address_attentions: `(batch, steps, H^a, src_len)` Mode-1 address attention per decoding step.
         mode2_attentions: `(batch, steps, H^c, src_len)` Mode-2 attention per decoding step.
+        content_attentions: `(batch, steps, src_len)` the content read's attention per decoding step
+            (`content_read="decoder"` or `"controller"`; None without one).
     """
 
     address_attentions: torch.FloatTensor | None = None
     mode2_attentions: torch.FloatTensor | None = None
+    content_attentions: torch.FloatTensor | None = None
 
 
 # from_pretrained arguments that say where a config lives (passed on when peeking at a folder's model_type).
@@ -463,7 +466,7 @@ class PanmForSeq2SeqLM(PanmPreTrainedModel, GenerationMixin):
                 `cache`, its name from transformers 5.24 on.
             labels: target tokens; `-100` is ignored by the loss.
             base_address: `(batch,)` PANM base addresses; default random in training, 0 in eval.
-            output_attentions: also return PANM's address and Mode-2 attention maps.
+            output_attentions: also return PANM's address, Mode-2 and content-read attention maps.
             output_hidden_states: also return the hidden states; `decoder_hidden_states` ends with
                 PANM's output (what the LM head reads), after the backbone decoder's own.
         """
@@ -538,6 +541,7 @@ class PanmForSeq2SeqLM(PanmPreTrainedModel, GenerationMixin):
             encoder_attentions=encoder_outputs.attentions,
             address_attentions=panm_output.address_attentions,
             mode2_attentions=panm_output.mode2_attentions,
+            content_attentions=panm_output.content_attentions,
         )
 
     def _decoder_input_ids(

@@ -226,6 +226,15 @@ def test_output_attentions_returns_pointer_maps():
     assert out.address_attentions.shape == (2, 4, 2, 6)
     assert out.mode2_attentions.shape == (2, 4, 1, 6)
     assert torch.allclose(out.address_attentions.sum(-1), torch.ones(2, 4, 2))
+    assert out.content_attentions is None  # no content read configured
+    _, model = wrap(BACKBONES["bart"](), content_read="decoder")
+    mask = torch.ones_like(input_ids)
+    mask[1, 4:] = 0
+    out = model.eval()(input_ids=input_ids, attention_mask=mask, labels=labels, output_attentions=True)
+    assert out.content_attentions.shape == (2, 4, 6)
+    torch.testing.assert_close(out.content_attentions.sum(-1), torch.ones(2, 4))
+    assert torch.equal(out.content_attentions[1, :, 4:], torch.zeros(4, 2))  # padding gets no weight
+    assert model.eval()(input_ids=input_ids, labels=labels).content_attentions is None  # only when asked
 
 
 @pytest.mark.parametrize("model_type", ["bart", "t5"])

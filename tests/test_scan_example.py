@@ -799,3 +799,37 @@ def test_composition_finds_every_longer_output_composed_from_l25_on(tmp_path):
     # the same action in both
     assert row["turns"]["one way"]["count"] == 64 and row["num_test"] == 128
     assert row["one_way_by_action"] == {"same action": {"count": 16}, "other action": {"count": 48}}
+
+
+def test_content_read_moves_finds_the_clause_spans_in_output_order():
+    import content_read_moves
+
+    assert content_read_moves.clause_spans("jump twice and walk left") == (range(0, 2), range(3, 5))
+    assert content_read_moves.clause_spans("jump twice after walk left") == (range(3, 5), range(0, 2))  # y first
+    with pytest.raises(ValueError, match="two-clause commands"):
+        content_read_moves.clause_spans("jump twice")
+
+
+def test_content_read_moves_measures_moves_at_the_boundary_and_where_reads_peak():
+    import content_read_moves
+
+    # 6 steps over 6 slots; clause spans (0, 1) then (3, 4); boundary 3: steps 0-2 write the first clause.
+    # Steps alternate a slot of the written clause and slot 5 ("</s>"), except step 4, which peaks on slot 0.
+    peaks = [0, 5, 1, 3, 0, 4]
+    weights = torch.nn.functional.one_hot(torch.tensor(peaks), 6).float()  # (steps, slots)
+    weights[2] = torch.tensor([0.0, 0.5, 0.0, 0.0, 0.0, 0.5])  # half on slot 1, half on "</s>"
+    torch.testing.assert_close(content_read_moves.total_variation(weights, 1), torch.tensor([1.0, 0.5, 1.0, 1, 1]))
+    row = content_read_moves.one_output(weights, 3, (range(0, 2), range(3, 5)))
+    assert row["move"] == (1.0, [1.0, 0.5, 1.0, 1.0])  # step 3 against 2, then the other steps
+    # over two steps: t = 2 (vs 0) 1.0; t = 3 (vs 1) 1.0; t = 4 (vs 2) 1.0; t = 5 (vs 3) 1.0; boundary: t = 3, 4
+    assert row["move2"] == (1.0, [1.0, 1.0])
+    assert row["largest_at_boundary"] is False  # the first maximum (t = 2) is before the boundary
+    # peaks: 0 written, 5 elsewhere, 1 written (a tie at step 2 goes to the first slot), 3 written, 0 other, 4 written
+    assert row["reads"] == [4, 1, 1]
+    weights[2] = weights[0]  # no move over two steps before the boundary
+    row = content_read_moves.one_output(weights, 3, (range(0, 2), range(3, 5)))
+    assert row["move2"] == (1.0, [0.0, 1.0]) and row["largest_at_boundary"] is True
+    cells = content_read_moves.summarise([row, {**row, "largest_at_boundary": False, "reads": [0, 0, 6]}])
+    assert cells["count"] == 2 and cells["largest_at_boundary"] == 50.0
+    assert cells["move2"] == {"boundary": 1.0, "elsewhere": 0.5}
+    assert cells["reads"] == {"written clause": 100.0 * 4 / 12, "other clause": 100.0 / 12, "elsewhere": 700.0 / 12}
