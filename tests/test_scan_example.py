@@ -833,3 +833,20 @@ def test_content_read_moves_measures_moves_at_the_boundary_and_where_reads_peak(
     assert cells["count"] == 2 and cells["largest_at_boundary"] == 50.0
     assert cells["move2"] == {"boundary": 1.0, "elsewhere": 0.5}
     assert cells["reads"] == {"written clause": 100.0 * 4 / 12, "other clause": 100.0 / 12, "elsewhere": 700.0 / 12}
+
+
+DIAGNOSIS_SCRIPTS = ["eos_oracle", "composition", "controller_reset", "stop_probe", "content_read_moves"]
+
+
+@pytest.mark.parametrize("script", DIAGNOSIS_SCRIPTS)
+def test_diagnosis_scripts_share_one_command_line_and_name_a_folder_without_a_run(tmp_path, script):
+    import importlib
+
+    from panm_hf.pipelines.scan_data import diagnosis_parser
+
+    args = diagnosis_parser("doc").parse_args(["a", "b", "--output", "rows.json"])
+    assert (args.runs, args.output) == ([Path("a"), Path("b")], Path("rows.json"))
+    assert args.data_dir == Path("../shared/data/scan")
+    with pytest.raises(ValueError, match="results.json does not exist"):
+        importlib.import_module(script).main([str(tmp_path), "--data_dir", str(tmp_path), "--output", "x.json"])
+    assert not Path("x.json").exists()

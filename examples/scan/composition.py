@@ -39,12 +39,11 @@ and walk ...`): whether a miss follows the turn's direction or the action writte
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 from pathlib import Path
 
-from panm_hf.pipelines.scan_data import TASKS_FILE, ScanSplit, load_cutoff_split, score
+from panm_hf.pipelines.scan_data import TASKS_FILE, ScanSplit, diagnosis_parser, load_cutoff_split, score
 
 CLASSES = ("composed", "alone only", "unseen")
 LONGEST_CLAUSE = 24  # actions of SCAN's longest clause, `<action> around <direction> thrice`
@@ -210,11 +209,8 @@ def analyse(run_dir: Path, data_dir: Path, use_model: bool) -> dict:
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("runs", nargs="+", type=Path)
-    parser.add_argument("--data_dir", type=Path, default=Path("../shared/data/scan"))
+    parser = diagnosis_parser(__doc__)
     parser.add_argument("--no_model", action="store_true", help="only the classes' shares; decode nothing")
-    parser.add_argument("--output", type=Path, default=None, help="write the rows to this JSON file")
     args = parser.parse_args(argv)
     rows = [analyse(run_dir, args.data_dir, not args.no_model) for run_dir in args.runs]
     for row in rows:

@@ -23,7 +23,6 @@ elsewhere; "reads the other clause" says whether the read follows the clause bei
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
@@ -31,7 +30,7 @@ import torch
 from composition import TURNS, clauses, output_order, turn_kind
 from eos_oracle import load_run
 
-from panm_hf.pipelines.scan_data import load_cutoff_split
+from panm_hf.pipelines.scan_data import diagnosis_parser, load_cutoff_split
 
 READS = ("written clause", "other clause", "elsewhere")
 
@@ -115,10 +114,7 @@ def analyse(run_dir: Path, data_dir: Path, batch_size: int = 128) -> dict:
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("runs", nargs="+", type=Path)
-    parser.add_argument("--data_dir", type=Path, default=Path("../shared/data/scan"))
-    parser.add_argument("--output", type=Path, default=None, help="write the rows to this JSON file")
+    parser = diagnosis_parser(__doc__)
     args = parser.parse_args(argv)
     rows = []
     for run_dir in args.runs:

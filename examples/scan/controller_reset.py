@@ -18,7 +18,6 @@ carries from the start of the output (docs/results/scan_count.md, point 29).
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
@@ -27,7 +26,7 @@ from composition import TURNS, turn_kind
 from eos_oracle import load_run
 
 from panm_hf.controller import Controller
-from panm_hf.pipelines.scan_data import ScanSplit, load_cutoff_split
+from panm_hf.pipelines.scan_data import ScanSplit, diagnosis_parser, load_cutoff_split
 
 
 def reset_forward(controller: Controller, step: int):
@@ -93,11 +92,8 @@ def analyse(run_dir: Path, data_dir: Path, reset_steps: list[int]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("runs", nargs="+", type=Path)
+    parser = diagnosis_parser(__doc__)
     parser.add_argument("--reset_steps", nargs="+", type=int, default=[8, 16, 24, 32])
-    parser.add_argument("--data_dir", type=Path, default=Path("../shared/data/scan"))
-    parser.add_argument("--output", type=Path, default=None, help="write the rows to this JSON file")
     args = parser.parse_args(argv)
     if any(step < 1 for step in args.reset_steps):
         raise ValueError(f"--reset_steps must be output steps >= 1 (got {args.reset_steps}).")

@@ -15,7 +15,6 @@ For each run folder written by `run_scan.py` (its `results.json` and saved model
 
 from __future__ import annotations
 
-import argparse
 import json
 from collections import Counter
 from pathlib import Path
@@ -27,7 +26,7 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 import panm_hf  # noqa: F401  (registers PANM with the Auto classes)
 from panm_hf.decoder_positions import apply as apply_decoder_positions
 from panm_hf.pipelines.controls import apply_control
-from panm_hf.pipelines.scan_data import ScanSplit, load_cutoff_split
+from panm_hf.pipelines.scan_data import ScanSplit, diagnosis_parser, load_cutoff_split
 
 
 def load_run(run_dir: Path):
@@ -155,10 +154,7 @@ def analyse(run_dir: Path, data_dir: Path) -> dict:
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("runs", nargs="+", type=Path)
-    parser.add_argument("--data_dir", type=Path, default=Path("../shared/data/scan"))
-    parser.add_argument("--output", type=Path, default=None, help="write the rows to this JSON file")
+    parser = diagnosis_parser(__doc__)
     args = parser.parse_args(argv)
     rows = [analyse(run_dir, args.data_dir) for run_dir in args.runs]
     for row in rows:

@@ -24,7 +24,6 @@ of the step and the command's length only.
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
@@ -32,7 +31,7 @@ import torch
 from eos_oracle import load_run
 
 from panm_hf.decoder_positions import ALIBI_ATTENTION
-from panm_hf.pipelines.scan_data import ScanSplit, load_cutoff_split
+from panm_hf.pipelines.scan_data import ScanSplit, diagnosis_parser, load_cutoff_split
 
 FEATURE_SETS = {
     "z": ("z",), "h": ("h",), "pointers": ("pointers",), "mode1": ("mode1",), "pointers+mode1": ("pointers", "mode1"),
@@ -162,12 +161,9 @@ def analyse(run_dir: Path, data_dir: Path, train_samples: int, test_samples: int
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("runs", nargs="+", type=Path, help="run folders written by run_scan.py")
-    parser.add_argument("--data_dir", type=Path, default=Path("../shared/data/scan"))
+    parser = diagnosis_parser(__doc__)
     parser.add_argument("--train_samples", type=int, default=3000, help="training-range commands to fit on")
     parser.add_argument("--test_samples", type=int, default=1500, help="longer commands to score on")
-    parser.add_argument("--output", type=Path, default=None, help="write the results as JSON here")
     args = parser.parse_args(argv)
     results = [analyse(run, args.data_dir, args.train_samples, args.test_samples) for run in args.runs]
     for result in results:

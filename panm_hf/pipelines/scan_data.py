@@ -9,6 +9,7 @@ the EOS diagnosis of every wrong output: stopped early, ran late, or right lengt
 
 from __future__ import annotations
 
+import argparse
 import gzip
 from collections import Counter
 from dataclasses import dataclass
@@ -36,6 +37,16 @@ class ScanSplit:
             return self
         keep = np.sort(np.random.RandomState(seed).permutation(len(self.commands))[:limit])
         return ScanSplit([self.commands[i] for i in keep], [self.actions[i] for i in keep])
+
+
+def diagnosis_parser(description: str) -> argparse.ArgumentParser:
+    """The SCAN diagnosis scripts' shared command line (`examples/scan/`): the run folders `run_scan.py` wrote,
+    `--data_dir` (SCAN's tasks file) and `--output` (a JSON file for the rows); each script adds its own flags."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("runs", nargs="+", type=Path, help="run folders written by run_scan.py")
+    parser.add_argument("--data_dir", type=Path, default=Path("../shared/data/scan"))
+    parser.add_argument("--output", type=Path, default=None, help="write the rows to this JSON file")
+    return parser
 
 
 def read_tasks(path: Path) -> ScanSplit:
