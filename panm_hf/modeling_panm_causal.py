@@ -71,10 +71,13 @@ class PanmCausalLMOutputWithPast(CausalLMOutputWithPast):
             slots are the memory's tokens in order (padding removed): the sample's real tokens
             (`causal_memory="sequence"`) or its prompt (`"prompt"`, zero at positions before the response).
         mode2_attentions: `(batch, steps, H^c, slots)` Mode-2 attention, slots as above.
+        content_attentions: `(batch, steps, slots)` the content read's attention (`content_read="decoder"` or
+            `"controller"`; None without one), slots as above.
     """
 
     address_attentions: torch.FloatTensor | None = None
     mode2_attentions: torch.FloatTensor | None = None
+    content_attentions: torch.FloatTensor | None = None
 
 
 def _gather_steps(values: torch.Tensor | None, index: torch.Tensor) -> torch.Tensor | None:
@@ -278,6 +281,7 @@ class PanmForCausalLM(PanmPreTrainedModel, GenerationMixin):
         out = self.panm(memory, aligned, causal_positions=positions, output_attentions=output_attentions)
         out.address_attentions = _put_back(out.address_attentions, order, aligned_mask, length)
         out.mode2_attentions = _put_back(out.mode2_attentions, order, aligned_mask, length)
+        out.content_attentions = _put_back(out.content_attentions, order, aligned_mask, length)
         out.undropped_hidden_states = _put_back(out.undropped_hidden_states, order, aligned_mask, length)
         out.undecoded_hidden_states = _put_back(out.undecoded_hidden_states, order, aligned_mask, length)
         return _put_back(out.hidden_states, order, aligned_mask, length), out  # (batch, length, dim)
@@ -306,6 +310,7 @@ class PanmForCausalLM(PanmPreTrainedModel, GenerationMixin):
             out.state = None
         out.address_attentions = _put_back(out.address_attentions, step_order, step_mask, length)
         out.mode2_attentions = _put_back(out.mode2_attentions, step_order, step_mask, length)
+        out.content_attentions = _put_back(out.content_attentions, step_order, step_mask, length)
         out.undropped_hidden_states = _put_back(out.undropped_hidden_states, step_order, step_mask, length)
         out.undecoded_hidden_states = _put_back(out.undecoded_hidden_states, step_order, step_mask, length)
         return _put_back(out.hidden_states, step_order, step_mask, length), out, is_step  # (batch, length, ...)
@@ -493,6 +498,7 @@ class PanmForCausalLM(PanmPreTrainedModel, GenerationMixin):
             attentions=getattr(body_outputs, "attentions", None),
             address_attentions=panm_output.address_attentions,
             mode2_attentions=panm_output.mode2_attentions,
+            content_attentions=panm_output.content_attentions,
         )
         return output if return_dict else output.to_tuple()
 

@@ -108,6 +108,11 @@ def test_future_tokens_do_not_change_earlier_logits(name, options):
     future = torch.ones(8, 8).triu(1).bool()  # (steps, slots)
     assert out.address_attentions.masked_select(future[None, :, None, :]).abs().max() == 0
     assert out.mode2_attentions.masked_select(future[None, :, None, :]).abs().max() == 0
+    if options.get("content_read") is None:
+        assert out.content_attentions is None
+    else:  # the content read too: one distribution per step over the slots up to it
+        assert out.content_attentions.masked_select(future[None]).abs().max() == 0
+        torch.testing.assert_close(out.content_attentions.sum(-1), torch.ones(2, 8))
 
 
 @pytest.mark.parametrize("name", NAMES)
