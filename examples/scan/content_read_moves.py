@@ -27,7 +27,7 @@ import json
 from pathlib import Path
 
 import torch
-from composition import TURNS, clauses, output_order, turn_kind
+from composition import TURNS, clauses, output_order, pair_key, turn_kind
 from eos_oracle import load_run
 
 from panm_hf.pipelines.scan_data import diagnosis_parser, load_cutoff_split
@@ -91,7 +91,8 @@ def summarise(rows: list[dict]) -> dict:
 def analyse(run_dir: Path, data_dir: Path, batch_size: int = 128) -> dict:
     summary, model, tokenizer = load_run(run_dir)
     train, heldout, test = load_cutoff_split(data_dir, summary["cutoff"])
-    texts = {c: a for split in (train, heldout, test) for c, a in zip(split.commands, split.actions)}
+    # every clause of SCAN is a command of its own: its action count, as composition.py's `pairs` reads it
+    counts = {c: len(a.split()) for split in (train, heldout, test) for c, a in zip(split.commands, split.actions)}
     chosen = [i for i, command in enumerate(test.commands) if len(clauses(command)) == 2]
     groups: dict[str, list[dict]] = {name: [] for name in TURNS}
     for start in range(0, len(chosen), batch_size):
@@ -106,7 +107,7 @@ def analyse(run_dir: Path, data_dir: Path, batch_size: int = 128) -> dict:
             steps = len(target.split())
             if steps < 3:  # no move over two steps to compare (every longer output of SCAN has more)
                 continue
-            boundary = len(texts[output_order(command)[0]].split())
+            boundary = int(pair_key(command, counts).split("+")[0])  # the first written clause's actions
             weights = out.content_attentions[row, :steps].float().cpu()  # (actions, slots)
             groups[turn_kind(target)].append(one_output(weights, boundary, clause_spans(command)))
     return {"run": run_dir.name, "cutoff": summary["cutoff"],
