@@ -15,7 +15,7 @@ import pytest
 import run_scan
 import run_table
 import torch
-from transformers import AutoModelForSeq2SeqLM
+from transformers import AutoModelForSeq2SeqLM, SchedulerType
 
 from panm_hf import decoder_positions
 from panm_hf.decoder_positions import ALIBI_ATTENTION, randomise_decoder_positions, remove_decoder_positions
@@ -391,6 +391,23 @@ def test_table_designs_set_the_gru_widths_they_name(tmp_path, design, expected):
     assert actual == expected
 
 
+def test_csordas_row_is_their_trafo_scan_profile(tmp_path):
+    """`transformer_csordas` trains as Csordas et al.'s trafo_scan profile does, whatever the budget's flags before
+    it: Marian's sinusoidal positions, dropout 0.5, 8 heads, batch 256, Adam at 1e-3 held constant, clip 5; a flag
+    given on the driver's command line still wins (`--dropout 0.1` isolates the dropout)."""
+    args = run_table.parse_arguments(["--output_dir", str(tmp_path)])
+    argv = run_table.command("transformer_csordas", 32, 0, args)[2:]  # past the interpreter and the script
+    model_args, _, _, training_args = run_scan.parse_arguments(argv)
+    actual = (model_args.model, model_args.backbone, model_args.decoder_positions, model_args.dropout,
+              model_args.attention_heads, training_args.per_device_train_batch_size, training_args.learning_rate,
+              SchedulerType(training_args.lr_scheduler_type).value, training_args.warmup_steps,
+              training_args.max_grad_norm)  # fmt: skip
+    assert actual == ("transformer", "marian", "absolute", 0.5, 8, 256, 1e-3, "constant", 0, 5.0)
+    args = run_table.parse_arguments(["--output_dir", str(tmp_path), "--dropout", "0.1"])
+    model_args, _, _, _ = run_scan.parse_arguments(run_table.command("transformer_csordas", 32, 0, args)[2:])
+    assert model_args.dropout == 0.1
+
+
 def test_the_one_design_row_is_the_measured_candidate(tmp_path):
     """`panm_one_design` runs the flags docs/results/scan.md measured: the SCAN design, g^o reading z_t, 1,024 wide,
     its z_t dropped for half the samples, dropout 0.3 on PANM's output and the content read, none on the pointer
@@ -423,10 +440,10 @@ TRANSFORMER_FIELDS = ("num_layers", "d_model", "ffn_dim", "attention_heads", "dr
 def test_every_scan_result_records_the_settings_its_command_runs():
     """Each run in docs/results/scan/runs.json ran its `command`: that command, parsed by today's run_scan.py
     (through run_table.py's rows where the run went through it), gives the cut-off, seed, steps, batch and learning
-    rate (and input feeding and the drop's scope) the entry records, and every model flag of its `model_args` (the
-    defaults the command did not name, as they were when it ran; a run from before the drop's scope existed dropped
-    per sample). A run whose command no longer trains that model (the flags it names are gone, or the defaults it
-    relied on changed) names the `commit` its command runs at."""
+    rate (and input feeding, the rate's schedule and the drop's scope) the entry records, and every model flag of
+    its `model_args` (the defaults the command did not name, as they were when it ran; a run from before the drop's
+    scope existed dropped per sample). A run whose command no longer trains that model (the flags it names are
+    gone, or the defaults it relied on changed) names the `commit` its command runs at."""
     from dataclasses import asdict
 
     runs = json.loads((ROOT / "docs" / "results" / "scan" / "runs.json").read_text())
@@ -446,7 +463,8 @@ def test_every_scan_result_records_the_settings_its_command_runs():
         ran = {"cutoff": data_args.cutoff, "seed": training_args.seed, "max_steps": training_args.max_steps,
                "learning_rate": training_args.learning_rate,
                "per_device_train_batch_size": training_args.per_device_train_batch_size,
-               "input_feeding": model_args.input_feeding}  # fmt: skip
+               "input_feeding": model_args.input_feeding,
+               "lr_scheduler_type": SchedulerType(training_args.lr_scheduler_type).value}  # fmt: skip
         recorded = {name: entry[name] for name in ran if name in entry}
         assert {"cutoff", "seed", "max_steps"} <= set(recorded), key  # every run records what it trained on
         assert recorded == {name: ran[name] for name in recorded}, key
